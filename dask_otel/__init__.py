@@ -1,0 +1,94 @@
+"""OpenTelemetry for Dask: traces, metrics and logs of a whole cluster over OTLP.
+
+Three ways in:
+
+* ``opentelemetry-instrument dask-scheduler ...`` / ``dask-worker ...``: zero code; the
+  ``dask`` instrumentor and the ``dask_otel`` configurator are entry points.
+* :func:`instrument` in client code: this process and the cluster behind a client.
+* ``--preload dask_otel`` on ``dask scheduler`` / ``dask worker``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Collection
+from typing import Any
+
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+
+from dask_otel import hooks, logs, telemetry
+from dask_otel.activation import activate
+from dask_otel.package import _instruments
+from dask_otel.preload import dask_setup
+from dask_otel.scheduler import PLUGIN_NAME, DaskOtelSchedulerPlugin
+from dask_otel.version import __version__
+from dask_otel.worker import DaskOtelWorkerPlugin
+
+__all__ = [
+    "DaskInstrumentor",
+    "DaskOtelSchedulerPlugin",
+    "DaskOtelWorkerPlugin",
+    "__version__",
+    "dask_setup",
+    "instrument",
+    "uninstrument",
+]
+
+
+class DaskInstrumentor(BaseInstrumentor):  # type: ignore[misc]
+    """Traces every client, scheduler and worker created in this process.
+
+    ``instrument(tracer_provider=..., meter_provider=..., logger_provider=...)`` uses the
+    given providers (the global ones otherwise); ``uninstrument()`` stops tracing new
+    objects.
+    """
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        return _instruments
+
+    def _instrument(self, **kwargs: Any) -> None:
+        telemetry.set_overrides(
+            tracer_provider=kwargs.get("tracer_provider"),
+            meter_provider=kwargs.get("meter_provider"),
+            logger_provider=kwargs.get("logger_provider"),
+        )
+        hooks.install()
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        hooks.uninstall()
+        logs.uninstall()
+        telemetry.set_overrides()
+
+
+def instrument(client: Any = None, **providers: Any) -> None:
+    """Trace this process and, given a ``distributed.Client``, the cluster behind it.
+
+    Configures the OpenTelemetry SDK from ``OTEL_*`` variables unless providers are
+    passed (``tracer_provider=``, ``meter_provider=``, ``logger_provider=``) or something
+    configured it already, then registers dask-otel's plugins on the scheduler and on
+    every current and future worker. Calling it again changes nothing.
+    """
+    instrumentor = DaskInstrumentor()
+    if not instrumentor.is_instrumented_by_opentelemetry:
+        instrumentor.instrument(**providers)
+    if activate("client") is None or client is None:
+        return
+    client.register_plugin(DaskOtelSchedulerPlugin())
+    client.register_plugin(DaskOtelWorkerPlugin())
+
+
+def uninstrument(client: Any = None) -> None:
+    """Undo :func:`instrument`: unregister the plugins and restore this process."""
+    if client is not None:
+        client.run_on_scheduler(_detach_scheduler_plugin)
+        with contextlib.suppress(ValueError):  # never registered through this client
+            client.unregister_worker_plugin(PLUGIN_NAME)
+    DaskInstrumentor().uninstrument()
+
+
+async def _detach_scheduler_plugin(dask_scheduler: Any) -> None:
+    """Runs on the scheduler: flush and remove its dask-otel plugin."""
+    plugin = dask_scheduler.plugins.get(PLUGIN_NAME)
+    if plugin is not None:
+        await plugin.close()
+        dask_scheduler.remove_plugin(name=PLUGIN_NAME)

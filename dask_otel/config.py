@@ -1,0 +1,78 @@
+"""The ``otel:`` section of Dask's config: defaults, and validation that names the bad key.
+
+Defaults ship in ``otel.yaml`` and merge into ``dask.config`` on import, so the usual Dask
+ways of setting config apply: YAML files, ``DASK_OTEL__TASK__MAX_EVENTS=32`` environment
+variables and ``dask.config.set({"otel.task.max-events": 32})``.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from dataclasses import dataclass
+
+import dask.config
+import yaml
+from dask.utils import parse_timedelta
+
+_DEFAULTS_PATH = pathlib.Path(__file__).with_name("otel.yaml")
+with _DEFAULTS_PATH.open() as _f:
+    dask.config.update_defaults(yaml.safe_load(_f))
+
+
+class ConfigError(ValueError):
+    """An ``otel.*`` config value that dask-otel cannot use."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Validated snapshot of the ``otel:`` config, taken once when a component starts."""
+
+    enabled: bool
+    max_attribute_length: int
+    max_task_events: int
+    max_task_links: int
+    flush_timeout: float
+
+
+def _get(key: str) -> object:
+    return dask.config.get(f"otel.{key}")
+
+
+def _bool(key: str) -> bool:
+    value = _get(key)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise ConfigError(f"otel.{key} must be true or false, got {value!r}")
+
+
+def _count(key: str, minimum: int) -> int:
+    value = _get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"otel.{key} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _seconds(key: str) -> float:
+    value = _get(key)
+    try:
+        seconds = parse_timedelta(value, default="seconds")
+    except (TypeError, ValueError, KeyError) as e:
+        raise ConfigError(
+            f"otel.{key} must be a duration such as '5s' or 2.5, got {value!r}"
+        ) from e
+    if seconds is None or seconds < 0:
+        raise ConfigError(f"otel.{key} must be a non-negative duration, got {value!r}")
+    return seconds
+
+
+def load_settings() -> Settings:
+    """Read and validate the current ``otel:`` config; raises :class:`ConfigError`."""
+    return Settings(
+        enabled=_bool("enabled"),
+        max_attribute_length=_count("max-attribute-length", 16),
+        max_task_events=_count("task.max-events", 0),
+        max_task_links=_count("task.max-links", 0),
+        flush_timeout=_seconds("flush-timeout"),
+    )

@@ -1,0 +1,59 @@
+"""Patches that attach dask-otel to every Dask object created in an instrumented process.
+
+Each scheduler gets the scheduler plugin, each worker (and each Nanny's worker process,
+whatever its multiprocessing method) the worker plugin, through the ``plugins`` argument
+their constructors already take; every client's submissions get a span. Objects created
+after :func:`uninstall` are left alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import distributed
+from wrapt import wrap_function_wrapper
+
+from dask_otel.client import traced_graph_to_futures
+from dask_otel.scheduler import DaskOtelSchedulerPlugin
+from dask_otel.worker import DaskOtelWorkerPlugin
+
+
+def with_plugin(plugins: Iterable[Any] | None, plugin_type: type) -> tuple[Any, ...]:
+    """``plugins`` plus a new ``plugin_type()``, unless one of that name is there."""
+    plugins = tuple(plugins or ())
+    if any(getattr(p, "name", None) == plugin_type.name for p in plugins):
+        return plugins
+    return (*plugins, plugin_type())
+
+
+def _with_plugin(plugin_type: type) -> Any:
+    """A constructor wrapper that passes :func:`with_plugin` as ``plugins=``."""
+
+    def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        kwargs["plugins"] = with_plugin(kwargs.get("plugins"), plugin_type)
+        return wrapped(*args, **kwargs)
+
+    return wrapper
+
+
+_PATCHES = (
+    (distributed.Client, "_graph_to_futures", traced_graph_to_futures),
+    (distributed.Scheduler, "__init__", _with_plugin(DaskOtelSchedulerPlugin)),
+    (distributed.Worker, "__init__", _with_plugin(DaskOtelWorkerPlugin)),
+    # A Nanny passes unknown keyword arguments to its Worker: the plugin is pickled into
+    # the worker process with spawn, fork and forkserver alike.
+    (distributed.Nanny, "__init__", _with_plugin(DaskOtelWorkerPlugin)),
+)
+
+
+def install() -> None:
+    for owner, attribute, wrapper in _PATCHES:
+        wrap_function_wrapper(owner, attribute, wrapper)
+
+
+def uninstall() -> None:
+    for owner, attribute, _ in _PATCHES:
+        original = getattr(owner.__dict__[attribute], "__wrapped__", None)
+        if original is not None:
+            setattr(owner, attribute, original)

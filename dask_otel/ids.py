@@ -1,0 +1,131 @@
+"""Deterministic span ids and the trace context carried in task annotations.
+
+The scheduler knows each graph's trace context and stores it in every task's annotations
+under :data:`ANNOTATION` (a W3C ``traceparent``). ``distributed`` already ships a task's
+annotations to the worker inside ``compute-task``, so every process that touches a task
+knows its trace id without an extra message. The span id of a task's ``task`` span is a
+hash of (trace id, key): the scheduler, the worker that runs it and any worker that moves
+its data all name the same parent without waiting for each other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+#: Name of the task annotation that carries the trace context.
+ANNOTATION = "otel"
+
+_propagator = TraceContextTextMapPropagator()
+logger = logging.getLogger(__name__)
+
+
+def key_to_str(key: Any) -> str:
+    """The stable text form of a Dask key (tuple keys included), identical on every host."""
+    return key if isinstance(key, str) else str(key)
+
+
+def cap(text: str, limit: int) -> str:
+    """Truncate ``text`` to ``limit`` characters, marking the cut with an ellipsis."""
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def task_span_id(trace_id: int, key: str) -> int:
+    """Span id of the ``task`` span for ``key`` in trace ``trace_id`` (never 0)."""
+    digest = hashlib.blake2b(
+        key.encode("utf-8", "surrogatepass"),
+        digest_size=8,
+        key=trace_id.to_bytes(16, "big"),
+    ).digest()
+    return int.from_bytes(digest, "big") or 1
+
+
+def encode(span_context: trace.SpanContext) -> str:
+    """The ``traceparent`` header value for ``span_context``."""
+    return (
+        f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-"
+        f"{int(span_context.trace_flags):02x}"
+    )
+
+
+def decode(value: object) -> trace.SpanContext | None:
+    """Parse a ``traceparent`` from an annotation; None for anything else (never raises)."""
+    if not isinstance(value, str):
+        return None
+    span_context = trace.get_current_span(
+        _propagator.extract({"traceparent": value})
+    ).get_span_context()
+    return span_context if span_context.is_valid else None
+
+
+def task_context(carrier: trace.SpanContext, key: str) -> Context:
+    """A context whose current span is the (remote) ``task`` span of ``key``."""
+    parent = trace.SpanContext(
+        trace_id=carrier.trace_id,
+        span_id=task_span_id(carrier.trace_id, key),
+        is_remote=True,
+        trace_flags=carrier.trace_flags,
+    )
+    return trace.set_span_in_context(trace.NonRecordingSpan(parent))
+
+
+class _PresetIdGenerator:
+    """Wraps an SDK tracer's id generator so one span at a time can get a chosen id.
+
+    The OpenTelemetry API has no way to start a span with a given id; the SDK asks its
+    tracer's ``id_generator`` exactly once per span, so a thread-local preset is enough.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.local = threading.local()
+
+    def generate_span_id(self) -> int:
+        preset = getattr(self.local, "span_id", None)
+        if preset is not None:
+            self.local.span_id = None
+            return preset
+        return self.inner.generate_span_id()
+
+    def generate_trace_id(self) -> int:
+        return self.inner.generate_trace_id()
+
+    def is_trace_id_random(self) -> bool:
+        return getattr(self.inner, "is_trace_id_random", lambda: False)()
+
+
+class SpanIdSetter:
+    """Starts spans with a preset span id on tracers that allow it (the SDK's do)."""
+
+    def __init__(self, tracer: trace.Tracer) -> None:
+        self.tracer = tracer
+        generator = getattr(tracer, "id_generator", None)
+        if isinstance(generator, _PresetIdGenerator):
+            self._generator: _PresetIdGenerator | None = generator
+        elif generator is not None and hasattr(generator, "generate_span_id"):
+            self._generator = _PresetIdGenerator(generator)
+            tracer.id_generator = self._generator  # type: ignore[attr-defined]
+        else:
+            self._generator = None
+            if not isinstance(tracer, trace.NoOpTracer):
+                logger.warning(
+                    "dask-otel: tracer %r cannot take preset span ids; spans of one task "
+                    "recorded on different hosts will not share a parent",
+                    type(tracer).__name__,
+                )
+
+    def start_span(self, span_id: int, name: str, **kwargs: Any) -> trace.Span:
+        """``tracer.start_span(name, **kwargs)`` with ``span_id`` as the new span's id."""
+        if self._generator is not None:
+            self._generator.local.span_id = span_id
+        try:
+            return self.tracer.start_span(name, **kwargs)
+        finally:
+            if self._generator is not None:
+                self._generator.local.span_id = None

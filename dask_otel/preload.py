@@ -1,0 +1,32 @@
+"""``--preload dask_otel``: instrument the scheduler, worker or nanny it runs in.
+
+Works with ``dask scheduler --preload dask_otel``, ``dask worker --preload dask_otel``
+and the ``distributed.{scheduler,worker,nanny}.preload`` config. The plugins do the work;
+this module only attaches them. (Clients use :func:`dask_otel.instrument`.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from distributed import Nanny, Scheduler, Worker
+
+from dask_otel.activation import activate
+from dask_otel.hooks import with_plugin
+from dask_otel.scheduler import DaskOtelSchedulerPlugin
+from dask_otel.worker import DaskOtelWorkerPlugin
+
+
+async def dask_setup(server: Any) -> None:
+    """Preload hook: attach dask-otel's plugin to ``server``."""
+    if isinstance(server, Scheduler):
+        if DaskOtelSchedulerPlugin.name not in server.plugins:
+            server.add_plugin(DaskOtelSchedulerPlugin())  # started by Scheduler.start
+    elif isinstance(server, Worker):
+        if DaskOtelWorkerPlugin.name not in server.plugins:
+            await server.plugin_add(DaskOtelWorkerPlugin())
+    elif isinstance(server, Nanny):
+        activate("nanny")
+        # The worker process is spawned after preloads ran; its Worker adds the plugin.
+        plugins = server.worker_kwargs.get("plugins")
+        server.worker_kwargs["plugins"] = with_plugin(plugins, DaskOtelWorkerPlugin)

@@ -1,0 +1,355 @@
+"""Scheduler plugin: a ``graph`` span per ``update_graph`` and a ``task`` span per task.
+
+The hot path (``transition``, ~7 calls per task) only appends a tuple to a per-task
+record. When a task reaches a final state its record goes to a background thread that
+builds the ``task`` span after the fact, back-dated, with the deterministic span id
+from :mod:`dask_otel.ids`, so workers can parent their spans to it without asking.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import pickle
+from itertools import islice
+from time import time_ns
+from typing import TYPE_CHECKING, Any
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+from opentelemetry import trace
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+
+from dask_otel import ids, telemetry
+from dask_otel.activation import activate
+from dask_otel.emitter import SpanEmitter
+
+if TYPE_CHECKING:
+    from distributed import Scheduler
+
+    from dask_otel.config import Settings
+
+logger = logging.getLogger(__name__)
+
+#: States after which a task's span is complete.
+FINAL_STATES = frozenset({"memory", "erred", "forgotten"})
+PLUGIN_NAME = "dask-otel"
+
+
+class _Graph:
+    """One ``update_graph`` call: its live span and the tasks still running under it."""
+
+    __slots__ = ("carrier", "pending", "span")
+
+    def __init__(self, span: trace.Span) -> None:
+        self.span = span
+        self.carrier = span.get_span_context()
+        self.pending = 0
+
+
+class _Task:
+    """What the scheduler learns about one task while it lives; turned into a span later."""
+
+    __slots__ = (
+        "attempts",
+        "dependencies",
+        "dropped_events",
+        "end_ns",
+        "error",
+        "events",
+        "graph",
+        "group",
+        "key",
+        "nbytes",
+        "prefix",
+        "start_ns",
+        "state",
+        "worker",
+        "workers",
+    )
+
+    def __init__(self, key: Any, prefix: str, group: str, graph: _Graph, start_ns: int) -> None:
+        self.key = key
+        self.prefix = prefix
+        self.group = group
+        self.graph = graph
+        self.start_ns = start_ns
+        self.end_ns = 0
+        self.events: list[tuple[str, int, str | None, str | None]] = []
+        self.dropped_events = 0
+        self.attempts = 0
+        self.worker: str | None = None
+        self.workers: list[str] = []
+        self.state = ""
+        self.nbytes: int | None = None
+        self.error: dict[str, Any] | None = None
+        self.dependencies: list[tuple[Any, Any]] = []
+
+
+class DaskOtelSchedulerPlugin(SchedulerPlugin):
+    """Traces every graph and task on the scheduler it is added to."""
+
+    name = PLUGIN_NAME
+    idempotent = True
+
+    def __init__(self) -> None:
+        self._scheduler: Scheduler | None = None
+        self._tasks: dict[Any, _Task] = {}
+        self._graphs: set[_Graph] = set()
+        self._emitter: SpanEmitter | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()  # type: ignore[misc]
+
+    async def start(self, scheduler: Scheduler) -> None:
+        settings = activate("scheduler")
+        if settings is None:
+            return
+        self._settings: Settings = settings
+        self._scheduler = scheduler
+        self._providers = telemetry.current()
+        tracer = self._providers.tracer()
+        self._tracer = tracer
+        self._ids = ids.SpanIdSetter(tracer)
+        self._cluster_id = scheduler.id
+        self._emitter = SpanEmitter(self._emit_task, name="dask-otel-scheduler-spans")
+
+    # -- graphs -------------------------------------------------------------------------
+
+    def update_graph(
+        self,
+        scheduler: Scheduler,
+        *,
+        client: str,
+        keys: set[Any],
+        tasks: list[Any],
+        annotations: dict[str, dict[Any, Any]],
+        **kwargs: Any,
+    ) -> None:
+        if self._emitter is None:
+            return
+        injected = annotations.get(ids.ANNOTATION)
+        client_carrier = next(iter(injected.values()), None) if injected else None
+        parent = ids.decode(client_carrier)
+        now = time_ns()
+        span = self._tracer.start_span(
+            "graph",
+            context=trace.set_span_in_context(trace.NonRecordingSpan(parent)) if parent else None,
+            kind=SpanKind.CONSUMER if parent else SpanKind.INTERNAL,
+            start_time=now,
+            attributes={
+                "dask.cluster.id": self._cluster_id,
+                "dask.client.id": client,
+                "dask.graph.keys": len(keys),
+            },
+        )
+        if not span.is_recording():
+            span.end(now)
+            return
+        graph = _Graph(span)
+        carrier = client_carrier if parent else ids.encode(graph.carrier)
+        records = self._tasks
+        states = scheduler.tasks
+        for key in tasks:
+            ts = states.get(key)
+            if ts is None or key in records:
+                continue
+            annotation = ts.annotations.get(ids.ANNOTATION) if ts.annotations else None
+            if annotation is None:
+                if ts.annotations is None:
+                    ts.annotations = {}
+                ts.annotations[ids.ANNOTATION] = carrier
+            elif annotation != carrier:
+                continue  # created by an earlier graph: its span lives in that trace
+            records[key] = _Task(key, ts.prefix.name, ts.group.name, graph, now)
+            graph.pending += 1
+        span.set_attribute("dask.graph.tasks", graph.pending)
+        if graph.pending:
+            self._graphs.add(graph)
+        else:
+            span.end(now)
+
+    # -- tasks (hot path) -----------------------------------------------------------------
+
+    def transition(
+        self,
+        key: Any,
+        start: str,
+        finish: str,
+        *args: Any,
+        stimulus_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        record = self._tasks.get(key)
+        if record is None:
+            return
+        now = time_ns()
+        worker = kwargs.get("worker")
+        if finish == "processing":
+            ws = self._scheduler.tasks[key].processing_on  # type: ignore[union-attr]
+            worker = ws.address if ws is not None else None
+            record.attempts += 1
+            record.worker = worker
+            if worker is not None:
+                record.workers.append(worker)
+        if len(record.events) < self._settings.max_task_events:
+            record.events.append((finish, now, stimulus_id, worker))
+        else:
+            record.dropped_events += 1
+        if finish in FINAL_STATES:
+            self._finish(record, finish, now, kwargs)
+
+    def _finish(self, record: _Task, state: str, now: int, kwargs: dict[str, Any]) -> None:
+        del self._tasks[record.key]
+        ts = self._scheduler.tasks[record.key]  # type: ignore[union-attr]
+        record.state = state
+        record.end_ns = now
+        if state == "memory":
+            record.nbytes = ts.nbytes if ts.nbytes >= 0 else None
+        elif state == "erred":
+            record.error = {
+                name: kwargs.get(name)
+                for name in ("exception", "exception_text", "traceback_text", "cause")
+            }
+        record.dependencies = [
+            (dts.key, dts.annotations.get(ids.ANNOTATION) if dts.annotations else None)
+            for dts in islice(ts.dependencies, self._settings.max_task_links)
+        ]
+        self._emitter.submit(record)  # type: ignore[union-attr]
+        graph = record.graph
+        graph.pending -= 1
+        if graph.pending == 0:
+            self._graphs.discard(graph)
+            self._emitter.submit((graph, now))  # type: ignore[union-attr]
+
+    # -- emission (background thread) -----------------------------------------------------
+
+    def _emit_task(self, record: _Task | tuple[_Graph, int]) -> None:
+        if isinstance(record, tuple):
+            graph, end_ns = record
+            graph.span.end(end_ns)
+            return
+        limit = self._settings.max_attribute_length
+        carrier = record.graph.carrier
+        key = ids.key_to_str(record.key)
+        attributes: dict[str, Any] = {
+            "dask.cluster.id": self._cluster_id,
+            "dask.task.key": ids.cap(key, limit),
+            "dask.task.prefix": record.prefix,
+            "dask.task.group": ids.cap(record.group, limit),
+            "dask.task.state": record.state,
+            "dask.task.attempts": record.attempts,
+        }
+        if record.worker:
+            attributes["dask.worker.address"] = record.worker
+        if len(set(record.workers)) > 1:
+            attributes["dask.task.workers"] = list(dict.fromkeys(record.workers))
+        if record.nbytes is not None:
+            attributes["dask.task.nbytes"] = record.nbytes
+        if record.dropped_events:
+            attributes["dask.task.dropped_events"] = record.dropped_events
+        span = self._ids.start_span(
+            ids.task_span_id(carrier.trace_id, key),
+            f"task {record.prefix}",
+            context=trace.set_span_in_context(trace.NonRecordingSpan(carrier)),
+            start_time=record.start_ns,
+            attributes=attributes,
+            links=self._dependency_links(record.dependencies, carrier),
+        )
+        for state, timestamp, stimulus_id, worker in record.events:
+            event_attributes = {"dask.stimulus.id": stimulus_id} if stimulus_id else {}
+            if worker:
+                event_attributes["dask.worker.address"] = worker
+            span.add_event(state, event_attributes, timestamp=timestamp)
+        if record.error is not None:
+            self._record_error(span, record, limit)
+        span.end(record.end_ns)
+
+    @staticmethod
+    def _dependency_links(
+        dependencies: list[tuple[Any, Any]], carrier: trace.SpanContext
+    ) -> list[Link]:
+        links = []
+        for dep_key, dep_annotation in dependencies:
+            dep_carrier = ids.decode(dep_annotation) or carrier
+            links.append(
+                Link(
+                    trace.SpanContext(
+                        trace_id=dep_carrier.trace_id,
+                        span_id=ids.task_span_id(dep_carrier.trace_id, ids.key_to_str(dep_key)),
+                        is_remote=False,
+                        trace_flags=dep_carrier.trace_flags,
+                    ),
+                    {"dask.link": "dependency"},
+                )
+            )
+        return links
+
+    @staticmethod
+    def _record_error(span: trace.Span, record: _Task, limit: int) -> None:
+        error = record.error or {}
+        cause = error.get("cause")
+        if cause is not None and cause != record.key:
+            # Erred because a dependency erred: the exception belongs to that task's span.
+            span.set_attribute("dask.task.erred_by", ids.cap(ids.key_to_str(cause), limit))
+            span.set_status(Status(StatusCode.ERROR, "dependency erred"))
+            return
+        exc_type, message = _describe_exception(error.get("exception"), error.get("exception_text"))
+        attributes = {
+            "exception.type": exc_type,
+            "exception.message": ids.cap(message, limit * 4),
+        }
+        if error.get("traceback_text"):
+            attributes["exception.stacktrace"] = ids.cap(error["traceback_text"], limit * 16)
+        if record.workers:
+            attributes["dask.task.workers"] = list(dict.fromkeys(record.workers))
+        span.add_event("exception", attributes, timestamp=record.end_ns)
+        span.set_attribute("error.type", exc_type)
+        span.set_status(Status(StatusCode.ERROR, ids.cap(f"{exc_type}: {message}", limit)))
+
+    # -- shutdown ---------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        if self._emitter is None:
+            return
+        now = time_ns()
+        for graph in list(self._graphs):
+            graph.span.set_attribute("dask.graph.incomplete", True)
+            self._emitter.submit((graph, now))
+        self._graphs.clear()
+        emitter, self._emitter = self._emitter, None
+        timeout = self._settings.flush_timeout
+        await asyncio.get_running_loop().run_in_executor(
+            None, _drain, emitter, self._providers, timeout
+        )
+
+
+def _drain(emitter: SpanEmitter, providers: telemetry.Providers, timeout: float) -> None:
+    emitter.close(timeout / 2)
+    telemetry.flush(providers, timeout / 2)
+
+
+def _describe_exception(exception: Any, text: str | None) -> tuple[str, str]:
+    """(type, message) of a task's exception without running user code on the event loop.
+
+    Workers report ``exception_text`` (the exception's repr). The scheduler's own
+    ``KilledWorker`` arrives only pickled; it is ours, so unpickling it is safe.
+    """
+    if text:
+        return text.split("(", 1)[0] or "Exception", text
+    if isinstance(exception, bytes):
+        try:
+            exc = pickle.loads(exception)
+        except Exception:
+            return "Exception", "unreadable exception"
+        return f"{type(exc).__module__}.{type(exc).__qualname__}", _safe_str(exc)
+    return "Exception", "unknown error"
+
+
+def _safe_str(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:
+        return f"<{type(exc).__name__}: str() failed>"

@@ -1,0 +1,68 @@
+"""Where dask-otel's components get their tracer, meter and logger provider.
+
+A plugin object may be pickled and shipped to another process, so it never carries
+providers itself: it asks this module when it starts. The providers handed to
+``DaskInstrumentor().instrument(...)`` in this process win; otherwise the global ones.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry import _logs, metrics, trace
+
+from dask_otel.version import __version__
+
+#: Instrumentation scope of every span, metric and log record dask-otel makes.
+SCOPE = "dask_otel"
+
+_overrides: dict[str, Any] = {}
+
+
+@dataclass(frozen=True)
+class Providers:
+    tracer_provider: trace.TracerProvider
+    meter_provider: metrics.MeterProvider
+    logger_provider: _logs.LoggerProvider
+
+    def tracer(self) -> trace.Tracer:
+        return self.tracer_provider.get_tracer(SCOPE, __version__)
+
+
+def set_overrides(**providers: Any) -> None:
+    """Use these providers (None entries fall back to the globals) from now on."""
+    _overrides.clear()
+    _overrides.update({name: p for name, p in providers.items() if p is not None})
+
+
+def current() -> Providers:
+    """The providers dask-otel components in this process should use now."""
+    return Providers(
+        tracer_provider=_overrides.get("tracer_provider") or trace.get_tracer_provider(),
+        meter_provider=_overrides.get("meter_provider") or metrics.get_meter_provider(),
+        logger_provider=_overrides.get("logger_provider") or _logs.get_logger_provider(),
+    )
+
+
+def is_configured() -> bool:
+    """Whether anything (dask-otel, a distro or the user) set a real tracer provider."""
+    return "tracer_provider" in _overrides or not isinstance(
+        trace.get_tracer_provider(), trace.ProxyTracerProvider
+    )
+
+
+def flush(providers: Providers, timeout: float) -> None:
+    """Export what the providers hold, waiting at most about ``timeout`` seconds in all."""
+    deadline = time.monotonic() + timeout
+    for provider in (
+        providers.tracer_provider,
+        providers.logger_provider,
+        providers.meter_provider,
+    ):
+        force_flush = getattr(provider, "force_flush", None)
+        remaining = deadline - time.monotonic()
+        if force_flush is None or remaining <= 0:
+            continue
+        force_flush(timeout_millis=int(remaining * 1000))

@@ -1,0 +1,171 @@
+"""Worker plugin: an ``execute <prefix>`` span per task attempt.
+
+The span's parent is the task's ``task`` span on the scheduler, named by its
+deterministic id, so no message is added and nobody waits. It is current while the task
+runs: ``Worker.execute`` hands contextvars to the executor thread, so user spans nest
+under it and user log records carry its ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from distributed.diagnostics.plugin import WorkerPlugin
+from distributed.utils import key_split_group
+from distributed.worker_state_machine import ExecuteFailureEvent, RescheduleEvent
+from opentelemetry import context, trace
+from opentelemetry.trace import Status, StatusCode
+
+from dask_otel import ids, telemetry
+from dask_otel.activation import activate
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from distributed import Worker
+
+    from dask_otel.config import Settings
+
+logger = logging.getLogger(__name__)
+
+PLUGIN_NAME = "dask-otel"
+#: How long a starting worker waits for the scheduler's id (``dask.cluster.id``).
+IDENTITY_TIMEOUT = 5.0
+
+
+class ExecuteTracer:
+    """Replaces one worker's ``execute`` with a traced version of it."""
+
+    def __init__(
+        self, worker: Worker, tracer: trace.Tracer, settings: Settings, cluster_id: str | None
+    ) -> None:
+        self.worker = worker
+        self.tracer = tracer
+        self.settings = settings
+        self.original: Callable[..., Awaitable[Any]] = worker.execute
+        self.static_attributes = {
+            "dask.worker.address": worker.address,
+            "dask.worker.name": ids.cap(str(worker.name), settings.max_attribute_length),
+        }
+        if cluster_id:
+            self.static_attributes["dask.cluster.id"] = cluster_id
+
+    def install(self) -> None:
+        self.worker.execute = self.execute  # type: ignore[method-assign]
+
+    def uninstall(self) -> None:
+        if self.worker.__dict__.get("execute") == self.execute:
+            del self.worker.execute
+
+    async def execute(self, key: Any, *, stimulus_id: str) -> Any:
+        ts = self.worker.state.tasks.get(key)
+        annotations = ts.annotations if ts is not None else None
+        carrier = ids.decode(annotations.get(ids.ANNOTATION)) if annotations else None
+        if carrier is None or not carrier.trace_flags.sampled:
+            return await self.original(key, stimulus_id=stimulus_id)
+        key_str = ids.key_to_str(key)
+        limit = self.settings.max_attribute_length
+        span = self.tracer.start_span(
+            f"execute {ts.prefix}",  # type: ignore[union-attr]
+            context=ids.task_context(carrier, key_str),
+            attributes={
+                **self.static_attributes,
+                "dask.task.key": ids.cap(key_str, limit),
+                "dask.task.prefix": ts.prefix,  # type: ignore[union-attr]
+                "dask.task.group": ids.cap(key_split_group(key), limit),
+            },
+        )
+        token = context.attach(trace.set_span_in_context(span))
+        try:
+            result = await self.original(key, stimulus_id=stimulus_id)
+        except BaseException as e:
+            span.record_exception(e)
+            span.set_status(Status(StatusCode.ERROR, type(e).__name__))
+            span.end()
+            raise
+        finally:
+            context.detach(token)
+        self._describe(span, key, result)
+        span.end()
+        return result
+
+    def _describe(self, span: trace.Span, key: Any, result: Any) -> None:
+        thread = self.worker.threads.get(key)
+        if thread is not None:
+            span.set_attribute("thread.id", thread)
+        if isinstance(result, RescheduleEvent):
+            span.set_attribute("dask.task.rescheduled", True)
+        elif isinstance(result, ExecuteFailureEvent):
+            record_failure(span, result, self.settings.max_attribute_length)
+
+
+def record_failure(span: trace.Span, failure: ExecuteFailureEvent, limit: int) -> None:
+    """ERROR status and an ``exception`` event from a failed attempt (never raises)."""
+    exc = getattr(failure.exception, "data", None)
+    if isinstance(exc, BaseException):
+        exc_type = f"{type(exc).__module__}.{type(exc).__qualname__}"
+        try:
+            message = str(exc)
+        except Exception:
+            message = f"<{type(exc).__name__}: str() failed>"
+    else:
+        exc_type = failure.exception_text.split("(", 1)[0] or "Exception"
+        message = failure.exception_text
+    span.add_event(
+        "exception",
+        {
+            "exception.type": exc_type,
+            "exception.message": ids.cap(message, limit * 4),
+            "exception.stacktrace": ids.cap(failure.traceback_text or "", limit * 16),
+        },
+    )
+    span.set_attribute("error.type", exc_type)
+    span.set_status(Status(StatusCode.ERROR, ids.cap(f"{exc_type}: {message}", limit)))
+
+
+class DaskOtelWorkerPlugin(WorkerPlugin):
+    """Traces task execution on every worker it reaches (pickled to remote workers)."""
+
+    name = PLUGIN_NAME
+    idempotent = True
+
+    def __init__(self) -> None:
+        self._tracer: ExecuteTracer | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()  # type: ignore[misc]
+
+    async def setup(self, worker: Worker) -> None:
+        settings = activate("worker")
+        if settings is None:
+            return
+        self._providers = telemetry.current()
+        self._settings = settings
+        self._tracer = ExecuteTracer(
+            worker, self._providers.tracer(), settings, await _cluster_id(worker)
+        )
+        self._tracer.install()
+
+    async def teardown(self, worker: Worker) -> None:
+        if self._tracer is None:
+            return
+        self._tracer.uninstall()
+        self._tracer = None
+        await asyncio.get_running_loop().run_in_executor(
+            None, telemetry.flush, self._providers, self._settings.flush_timeout
+        )
+
+
+async def _cluster_id(worker: Worker) -> str | None:
+    """The scheduler's id, the ``dask.cluster.id`` every role reports."""
+    try:
+        identity = await asyncio.wait_for(worker.scheduler.identity(), IDENTITY_TIMEOUT)
+    except Exception as e:
+        logger.warning("dask-otel: cannot read the scheduler's id, spans lack it: %r", e)
+        return None
+    return identity.get("id")
