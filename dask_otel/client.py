@@ -14,13 +14,12 @@ from dask.utils import key_split
 from opentelemetry.trace import SpanKind
 
 from dask_otel import ids, telemetry
-from dask_otel.config import load_settings
+from dask_otel.activation import activate
 
 
 def traced_graph_to_futures(wrapped: Any, client: Any, args: Any, kwargs: Any) -> Any:
     """wrapt wrapper of ``Client._graph_to_futures(expr, keys, span_metadata, ...)``."""
-    settings = load_settings()
-    if not settings.enabled:
+    if activate("client") is None:
         return wrapped(*args, **kwargs)
     keys = kwargs["keys"] if "keys" in kwargs else args[1] if len(args) > 1 else ()
     first = next(iter(keys), None)

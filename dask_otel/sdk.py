@@ -4,20 +4,19 @@
 variables (the SDK's own configurator does the reading), with OTLP as the default
 exporter of all three signals and export queues sized for Dask's task rates. It names the
 process after its Dask role, unless the user named it: a process started as
-``dask-worker`` is ``dask-nanny`` (or ``dask-worker`` with ``--no-nanny``), a process that
-later turns out to host a worker or client is renamed once, and a forked child gets a new
-``service.instance.id``. Providers someone else configured are never touched.
+``dask-worker`` is ``dask-nanny`` (or ``dask-worker`` with ``--no-nanny``), and a process
+that turns out later to host a worker or client (a Nanny's child) is named then. The SDK
+gives every process, forked ones included, its own ``service.instance.id``. Providers
+someone else configured are never touched.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import uuid
 from dataclasses import dataclass
 
-from opentelemetry import trace
-from opentelemetry.attributes import BoundedAttributes
+from opentelemetry import _logs, metrics, trace
 from opentelemetry.sdk._configuration import _OTelSDKConfigurator
 from opentelemetry.sdk.resources import Resource
 
@@ -47,14 +46,14 @@ ENV_DEFAULTS = {
 
 @dataclass
 class _Owned:
-    """The resource of the providers dask-otel configured, and the role it names.
+    """The providers dask-otel configured, and the Dask role their resource names.
 
     ``role`` is None until this process is known to be a scheduler, worker, nanny or
     client (e.g. a Nanny's spawned child, configured by ``opentelemetry-instrument``
-    before it becomes a worker), and again after a fork.
+    before it becomes a worker), and again in a forked child.
     """
 
-    resource: Resource
+    providers: tuple[object, ...]
     role: str | None
 
 
@@ -76,21 +75,14 @@ def infer_role(argv: list[str]) -> str | None:
     return None
 
 
-def _user_set(attribute: str, variable: str) -> bool:
-    if os.environ.get(variable):
-        return True
+def _service_name(role: str | None) -> dict[str, str]:
+    """``service.name`` for ``role``, unless the user named the service."""
+    if role is None or os.environ.get("OTEL_SERVICE_NAME"):
+        return {}
     pairs = os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "").split(",")
-    return any(pair.split("=", 1)[0].strip() == attribute for pair in pairs)
-
-
-def _identity(role: str | None) -> dict[str, str]:
-    """Resource attributes dask-otel adds unless the user set them."""
-    attributes = {}
-    if role and not _user_set("service.name", "OTEL_SERVICE_NAME"):
-        attributes["service.name"] = SERVICE_NAMES[role]
-    if not _user_set("service.instance.id", ""):
-        attributes["service.instance.id"] = uuid.uuid4().hex
-    return attributes
+    if any(pair.split("=", 1)[0].strip() == "service.name" for pair in pairs):
+        return {}
+    return {"service.name": SERVICE_NAMES[role]}
 
 
 class DaskOtelConfigurator(_OTelSDKConfigurator):
@@ -105,12 +97,14 @@ class DaskOtelConfigurator(_OTelSDKConfigurator):
         role = kwargs.pop("role", None) or infer_role(sys.argv)
         for name, value in ENV_DEFAULTS.items():
             os.environ.setdefault(name, value)
-        attributes = {**(kwargs.pop("resource_attributes", None) or {}), **_identity(role)}
+        attributes = {**(kwargs.pop("resource_attributes", None) or {}), **_service_name(role)}
         super()._configure(resource_attributes=attributes, **kwargs)
-        provider = trace.get_tracer_provider()
-        resource = getattr(provider, "resource", None)
-        if isinstance(resource, Resource):
-            _owned = _Owned(resource, role)
+        providers = (
+            trace.get_tracer_provider(),
+            metrics.get_meter_provider(),
+            _logs.get_logger_provider(),
+        )
+        _owned = _Owned(providers, role)
 
 
 def configure(role: str) -> None:
@@ -122,29 +116,28 @@ def configure(role: str) -> None:
     if not telemetry.is_configured():
         DaskOtelConfigurator().configure(role=role)
     elif _owned is not None and _owned.role is None:
-        _retag(role, new_instance=False)
+        _retag(role)
 
 
-def _retag(role: str | None, new_instance: bool) -> None:
-    """Rewrite the identity of the owned resource, seen by all three providers at once.
+def _retag(role: str) -> None:
+    """Name the owned providers' resource after ``role``.
 
-    The SDK fixes a provider's resource at creation and has no API to change it; the
-    resource object is shared, so replacing its attributes renames every signal.
+    The SDK merges a resource into its providers' own after a fork (that is how each
+    process gets its ``service.instance.id``); the same merge names the role.
     """
     assert _owned is not None
-    attributes = dict(_owned.resource.attributes)
-    identity = _identity(role)
-    if not new_instance:
-        identity.pop("service.instance.id", None)
-    attributes.update(identity)
-    _owned.resource._attributes = BoundedAttributes(attributes=attributes, immutable=True)
+    update = Resource(_service_name(role))
+    for provider in _owned.providers:
+        merge = getattr(provider, "_update_resource", None)
+        if merge is not None:
+            merge(update)
     _owned.role = role
 
 
 def _after_fork_in_child() -> None:
-    """A forked child is a new process: new instance id, role still to be claimed."""
+    """A forked child (a Nanny's worker, say) has yet to say what it is."""
     if _owned is not None:
-        _retag(None, new_instance=True)
+        _owned.role = None
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

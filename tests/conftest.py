@@ -1,0 +1,174 @@
+"""Shared fixtures: in-memory providers for unit tests, real processes for end-to-end."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from otlp_receiver import OTLPReceiver
+
+import dask_otel
+
+HERE = Path(__file__).parent
+
+
+class Telemetry:
+    """In-memory exporters behind the providers given to DaskInstrumentor."""
+
+    def __init__(self) -> None:
+        self.span_exporter = InMemorySpanExporter()
+        self.tracer_provider = TracerProvider()
+        self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.span_exporter))
+        self.log_exporter = InMemoryLogRecordExporter()
+        self.logger_provider = LoggerProvider()
+        self.logger_provider.add_log_record_processor(SimpleLogRecordProcessor(self.log_exporter))
+        self.metric_reader = InMemoryMetricReader()
+        self.meter_provider = MeterProvider(metric_readers=[self.metric_reader])
+
+    def spans(self, prefix: str = "") -> list:
+        return [s for s in self.span_exporter.get_finished_spans() if s.name.startswith(prefix)]
+
+    def logs(self) -> list:
+        return [r.log_record for r in self.log_exporter.get_finished_logs()]
+
+
+@pytest.fixture
+def telemetry() -> Iterator[Telemetry]:
+    """DaskInstrumentor active with in-memory providers; uninstrumented afterwards."""
+    t = Telemetry()
+    dask_otel.DaskInstrumentor().instrument(
+        tracer_provider=t.tracer_provider,
+        meter_provider=t.meter_provider,
+        logger_provider=t.logger_provider,
+    )
+    try:
+        yield t
+    finally:
+        dask_otel.DaskInstrumentor().uninstrument()
+        t.tracer_provider.shutdown()
+        t.logger_provider.shutdown()
+        t.meter_provider.shutdown()
+
+
+def flush_scheduler(client) -> None:
+    """Wait until the scheduler plugin emitted every span it has recorded."""
+
+    def flush(dask_scheduler) -> bool:
+        plugin = dask_scheduler.plugins.get("dask-otel")
+        return plugin is None or plugin._emitter is None or plugin._emitter.flush(10)
+
+    assert client.run_on_scheduler(flush)
+
+
+@pytest.fixture
+def receiver() -> Iterator[OTLPReceiver]:
+    with OTLPReceiver() as rx:
+        yield rx
+
+
+def otel_env(rx: OTLPReceiver, protocol: str = "grpc", **extra: str) -> dict[str, str]:
+    """Environment of a process that exports everything to ``rx`` quickly."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("OTEL_", "DASK_")) and k != "PYTHONPATH"
+    }
+    endpoint = rx.grpc_endpoint if protocol == "grpc" else rx.http_endpoint
+    env.update(
+        OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
+        OTEL_EXPORTER_OTLP_PROTOCOL="grpc" if protocol == "grpc" else "http/protobuf",
+        OTEL_BSP_SCHEDULE_DELAY="200",
+        OTEL_BLRP_SCHEDULE_DELAY="200",
+        OTEL_METRIC_EXPORT_INTERVAL="1000",
+        DASK_DISTRIBUTED__DIAGNOSTICS__NVML="False",
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra)
+    return env
+
+
+def bin_path(name: str) -> str:
+    """A console script installed next to this interpreter."""
+    return str(Path(sys.executable).with_name(name))
+
+
+class Processes:
+    """Starts real processes and stops every one of them (SIGTERM, then SIGKILL)."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.procs: list[tuple[subprocess.Popen, Path]] = []
+
+    def start(self, args: list[str], env: dict[str, str], name: str) -> subprocess.Popen:
+        log = self.tmp_path / f"{name}.log"
+        proc = subprocess.Popen(
+            args,
+            env=env,
+            cwd=self.tmp_path,
+            stdout=log.open("w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.procs.append((proc, log))
+        return proc
+
+    def logs(self) -> str:
+        return "\n".join(f"==== {log.name}\n{log.read_text()}" for _, log in self.procs)
+
+    def stop(self, proc: subprocess.Popen, timeout: float = 20) -> int:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        return proc.returncode
+
+    def stop_all(self) -> None:
+        for proc, _ in reversed(self.procs):
+            self.stop(proc)
+            # Nanny children live in the same session; make sure none is left.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.fixture
+def processes(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Processes]:
+    procs = Processes(tmp_path)
+    try:
+        yield procs
+    finally:
+        procs.stop_all()
+        if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
+            print(procs.logs())
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
+
+
+def wait_for_file(path: Path, procs: Processes, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path} never appeared\n{procs.logs()}")
+        time.sleep(0.1)
