@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -142,10 +143,8 @@ class Processes:
         for proc, _ in reversed(self.procs):
             self.stop(proc)
             # Nanny children live in the same session; make sure none is left.
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 @pytest.fixture

@@ -21,10 +21,11 @@ def orphans(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def trace_of(spans: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
-    """All spans of the one trace that holds a span called ``name``."""
-    (trace_id,) = {s["trace_id"] for s in spans if s["name"] == name}
-    return by_trace(spans)[trace_id]
+def trace_of(spans: list[dict[str, Any]], name: str, also: str) -> list[dict[str, Any]]:
+    """All spans of the one trace that holds spans called ``name`` and ``also``."""
+    traces = by_trace(spans).values()
+    (trace,) = [t for t in traces if {name, also} <= {s["name"] for s in t}]
+    return trace
 
 
 def services(spans: list[dict[str, Any]]) -> set[tuple[str, str]]:
@@ -32,3 +33,59 @@ def services(spans: list[dict[str, Any]]) -> set[tuple[str, str]]:
     return {
         (s["resource"].get("service.name"), s["resource"].get("service.instance.id")) for s in spans
     }
+
+
+def check_workload_telemetry(
+    rx: Any,
+    observed: dict[str, Any],
+    roles: set[str] = frozenset({"dask-client", "dask-scheduler", "dask-worker"}),
+    client_traced: bool = True,
+) -> None:
+    """The contract every activation path must meet for tests/scripts/workload.py."""
+    assert observed["results"] == list(range(1, 9))
+    assert observed["failed"] == "injected failure 1"
+
+    # One trace for the map: client, scheduler and both workers, no missing parent.
+    spans = rx.wait_for(
+        lambda r: (
+            len(r.spans(name="execute slow_inc")) >= 8
+            and r.spans(name="task fail")
+            and len(r.spans(name="task slow_inc")) >= 8
+            and r.spans(name="graph")
+            and r.spans()
+        ),
+    )
+    spans = rx.spans()
+    mapped = trace_of(spans, "graph", "task slow_inc")
+    names = sorted({s["name"] for s in mapped})
+    expected = ["execute slow_inc", "graph", "task slow_inc"]
+    assert names == (["compute slow_inc", *expected] if client_traced else expected), names
+    assert not orphans(mapped)
+    assert {name for name, _ in services(mapped)} == set(roles)
+    workers = {
+        s["resource"]["service.instance.id"] for s in mapped if s["name"].startswith("execute")
+    }
+    assert len(workers) == 2
+    cluster_ids = {s["attributes"].get("dask.cluster.id") for s in mapped}
+    assert len(cluster_ids) == 1 and next(iter(cluster_ids)).startswith("Scheduler-")
+    for task in (s for s in mapped if s["name"] == "task slow_inc"):
+        assert [e["name"] for e in task["events"]][-2:] == ["processing", "memory"]
+        assert task["attributes"]["dask.task.state"] == "memory"
+
+    # retries=1: two failed attempts on workers, one ERROR task span on the scheduler.
+    failed = trace_of(spans, "task fail", "task fail")
+    executes = [s for s in failed if s["name"] == "execute fail"]
+    assert len(executes) == 2 and all(s["status_code"] == 2 for s in executes)
+    (task,) = [s for s in failed if s["name"] == "task fail"]
+    assert task["status_code"] == 2 and task["attributes"]["dask.task.attempts"] == 2
+    (exc,) = [e for e in task["events"] if e["name"] == "exception"]
+    assert exc["attributes"]["exception.type"] == "ValueError"
+    assert not orphans(failed)
+
+    # A log record written inside a task carries that task's execute span.
+    records = rx.wait_for(
+        lambda r: [x for x in r.log_records() if "marker-from-task 7" in str(x["body"])]
+    )
+    (execute,) = rx.spans(name="execute log_marker")
+    assert records[0]["span_id"] == execute["span_id"]
+    assert records[0]["trace_id"] == execute["trace_id"]

@@ -1,10 +1,11 @@
 """The client side of the end-to-end tests: a small computation with every feature.
 
-Usage: python workload.py SCHEDULER_ADDRESS [--instrument]
+Usage: python workload.py SCHEDULER_ADDRESS|local [--instrument] [--restart]
 
-With ``--instrument`` it calls ``dask_otel.instrument(client)``; otherwise it relies on
-``opentelemetry-instrument`` (or on nothing, for an uninstrumented client). Prints one
-JSON line with what it observed.
+``local`` starts a ``LocalCluster`` with two worker processes. With ``--instrument`` it
+calls ``dask_otel.instrument(client)``; otherwise it relies on ``opentelemetry-instrument``
+(or on nothing, for an uninstrumented client). ``--restart`` restarts the workers and runs
+``after_restart`` on each. Prints one JSON line with what it observed.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 import sys
 import time
 
-from distributed import Client
+from distributed import Client, LocalCluster
 
 
 def slow_inc(x: int) -> int:
@@ -27,12 +28,25 @@ def log_marker(x: int) -> int:
     return x
 
 
+def after_restart(x: int) -> int:
+    return x
+
+
 def fail(x: int) -> int:
     raise ValueError(f"injected failure {x}")
 
 
 def main() -> None:
     address = sys.argv[1]
+    if address == "local":
+        cluster = LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address=":0",
+        )
+        address = cluster.scheduler_address
     with Client(address, timeout=30) as client:
         if "--instrument" in sys.argv:
             import dask_otel
@@ -49,7 +63,10 @@ def main() -> None:
         if "--restart" in sys.argv:
             client.restart()
             client.wait_for_workers(2, timeout=60)
-            client.submit(slow_inc, 100, pure=False).result()
+            workers = list(client.scheduler_info()["workers"])
+            client.gather(
+                [client.submit(after_restart, i, workers=[w]) for i, w in enumerate(workers)]
+            )
         print(json.dumps({"results": results, "logged": logged, "failed": failed}), flush=True)
 
 

@@ -1,0 +1,60 @@
+"""Dask's own mechanism: `--preload dask_otel` and the `distributed.*.preload` config.
+
+No `opentelemetry-instrument` anywhere and a plain client: the scheduler roots the trace.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import HERE, bin_path, otel_env, wait_for_file
+from traces import check_workload_telemetry
+
+
+def test_preload_scheduler_and_workers(receiver, processes):
+    env = otel_env(receiver)
+    scheduler_file = processes.tmp_path / "scheduler.json"
+    dask = bin_path("dask")
+    processes.start(
+        [dask, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+         "--scheduler-file", str(scheduler_file), "--preload", "dask_otel"],
+        env, "scheduler",
+    )  # fmt: skip
+    wait_for_file(scheduler_file, processes)
+    common = ["--scheduler-file", str(scheduler_file), "--host", "127.0.0.1",
+              "--nthreads", "1", "--no-dashboard"]  # fmt: skip
+    # One worker preloads in the worker process, the other in its Nanny.
+    processes.start([dask, "worker", *common, "--preload", "dask_otel"], env, "worker0")
+    processes.start([dask, "worker", *common, "--preload-nanny", "dask_otel"], env, "worker1")
+    address = json.loads(scheduler_file.read_text())["address"]
+    check_scheduler_rooted(receiver, run_workload(address, env, processes.tmp_path))
+
+
+def test_preload_config(receiver, tmp_path):
+    """`distributed.{scheduler,worker}.preload` config, inherited by Nanny workers."""
+    env = otel_env(
+        receiver,
+        DASK_DISTRIBUTED__SCHEDULER__PRELOAD='["dask_otel"]',
+        DASK_DISTRIBUTED__WORKER__PRELOAD='["dask_otel"]',
+    )
+    check_scheduler_rooted(receiver, run_workload("local", env, tmp_path))
+
+
+def run_workload(address, env, cwd):
+    out = subprocess.run(
+        [sys.executable, str(HERE / "scripts" / "workload.py"), address],
+        env=env, capture_output=True, text=True, timeout=180, cwd=cwd,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def check_scheduler_rooted(receiver, observed):
+    check_workload_telemetry(
+        receiver, observed, roles={"dask-scheduler", "dask-worker"}, client_traced=False
+    )
+    assert not receiver.spans(name="compute slow_inc")
+    (graph,) = [g for g in receiver.spans(name="graph") if g["attributes"]["dask.graph.tasks"] == 8]
+    assert graph["parent_span_id"] is None
