@@ -89,3 +89,6 @@ def check_workload_telemetry(
     (execute,) = rx.spans(name="execute log_marker")
     assert records[0]["span_id"] == execute["span_id"]
     assert records[0]["trace_id"] == execute["trace_id"]
+
+    # Dask's own records (its loggers may not propagate to the root) are exported too.
+    rx.wait_for(lambda r: [x for x in r.log_records() if "Compute Failed" in str(x["body"])])

@@ -1,0 +1,139 @@
+"""Overhead of dask-otel on Dask's own bottleneck: many tiny tasks.
+
+Runs N no-op tasks (``client.map``) on an in-process ``LocalCluster(n_workers=2,
+threads_per_worker=1, processes=False)``, plain and instrumented, in interleaved rounds
+within one run, and reports the median of the per-round ratios with min and max. The
+instrumented rounds use the real SDK (batch span processor) with every span sampled;
+spans go to an exporter that discards them (``--export otlp`` sends them over OTLP/gRPC
+to a receiver in another process instead, so the export cost is included).
+
+    python benchmarks/overhead.py --tasks 20000 --rounds 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from distributed import Client, LocalCluster
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+import dask_otel
+
+RECEIVER = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from otlp_receiver import OTLPReceiver
+with OTLPReceiver() as rx:
+    print(rx.grpc_endpoint, flush=True)
+    sys.stdin.read()
+"""
+
+
+class DiscardingExporter(SpanExporter):
+    """Counts spans and drops them: the cost of making spans, not of shipping them."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def export(self, spans: Sequence) -> SpanExportResult:
+        self.count += len(spans)
+        return SpanExportResult.SUCCESS
+
+
+def noop(i: int) -> int:
+    return i
+
+
+def one_round(tasks: int) -> tuple[float, float]:
+    """(wall seconds, process CPU seconds) to run ``tasks`` no-op tasks on a new cluster."""
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        client.gather(client.map(noop, range(50), pure=False))  # warm up
+        gc.collect()
+        wall, cpu = time.perf_counter(), time.process_time()
+        client.gather(client.map(noop, range(tasks), pure=False))
+        return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def make_exporter(kind: str) -> tuple[SpanExporter, subprocess.Popen | None]:
+    if kind == "discard":
+        return DiscardingExporter(), None
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    tests = str(Path(__file__).resolve().parent.parent / "tests")
+    receiver = subprocess.Popen(
+        [sys.executable, "-c", RECEIVER.format(tests=tests)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    endpoint = receiver.stdout.readline().strip()  # type: ignore[union-attr]
+    return OTLPSpanExporter(endpoint=endpoint, insecure=True), receiver
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--export", choices=["discard", "otlp"], default="discard")
+    args = parser.parse_args()
+
+    exporter, receiver = make_exporter(args.export)
+    provider = TracerProvider()
+    provider.add_span_processor(
+        BatchSpanProcessor(exporter, max_queue_size=65536, max_export_batch_size=2048)
+    )
+    instrumentor = dask_otel.DaskInstrumentor()
+    ratios, cpu_ratios, plain_times, traced_times = [], [], [], []
+    try:
+        for r in range(args.rounds):
+            plain = one_round(args.tasks)
+            instrumentor.instrument(tracer_provider=provider)
+            try:
+                traced = one_round(args.tasks)
+            finally:
+                instrumentor.uninstrument()
+            provider.force_flush()
+            ratios.append(traced[0] / plain[0])
+            cpu_ratios.append(traced[1] / plain[1])
+            plain_times.append(plain[0])
+            traced_times.append(traced[0])
+            print(
+                f"round {r + 1}: plain {plain[0]:.3f}s  instrumented {traced[0]:.3f}s  "
+                f"ratio {ratios[-1]:.3f}  cpu ratio {cpu_ratios[-1]:.3f}",
+                flush=True,
+            )
+    finally:
+        provider.shutdown()
+        if receiver is not None:
+            receiver.communicate("")
+
+    per_task_us = 1e6 * (statistics.median(traced_times) - statistics.median(plain_times))
+    print(
+        f"\n{args.tasks} no-op tasks, {args.rounds} interleaved rounds, export={args.export}\n"
+        f"wall ratio  median {statistics.median(ratios):.3f}  "
+        f"min {min(ratios):.3f}  max {max(ratios):.3f}\n"
+        f"cpu ratio   median {statistics.median(cpu_ratios):.3f}  "
+        f"min {min(cpu_ratios):.3f}  max {max(cpu_ratios):.3f}\n"
+        f"plain median {statistics.median(plain_times):.3f}s  "
+        f"instrumented median {statistics.median(traced_times):.3f}s  "
+        f"(+{per_task_us / args.tasks:.1f} us/task)"
+    )
+    if isinstance(exporter, DiscardingExporter):
+        print(f"spans exported: {exporter.count}")
+
+
+if __name__ == "__main__":
+    main()
