@@ -10,6 +10,7 @@ its data all name the same parent without waiting for each other.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import threading
@@ -56,8 +57,12 @@ def encode(span_context: trace.SpanContext) -> str:
 
 def decode(value: object) -> trace.SpanContext | None:
     """Parse a ``traceparent`` from an annotation; None for anything else (never raises)."""
-    if not isinstance(value, str):
-        return None
+    return _decode_traceparent(value) if isinstance(value, str) else None
+
+
+@functools.lru_cache(maxsize=1024)
+def _decode_traceparent(value: str) -> trace.SpanContext | None:
+    # Every task of a graph carries the same value: parse it once per process.
     span_context = trace.get_current_span(
         _propagator.extract({"traceparent": value})
     ).get_span_context()

@@ -203,20 +203,21 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
 
     def _finish(self, record: _Task, state: str, now: int, kwargs: dict[str, Any]) -> None:
         del self._tasks[record.key]
-        ts = self._scheduler.tasks[record.key]  # type: ignore[union-attr]
         record.state = state
         record.end_ns = now
-        if state == "memory":
-            record.nbytes = ts.nbytes if ts.nbytes >= 0 else None
-        elif state == "erred":
+        if state == "erred":
             record.error = {
                 name: kwargs.get(name)
                 for name in ("exception", "exception_text", "traceback_text", "cause")
             }
-        record.dependencies = [
-            (dts.key, dts.annotations.get(ids.ANNOTATION) if dts.annotations else None)
-            for dts in islice(ts.dependencies, self._settings.max_task_links)
-        ]
+        ts = self._scheduler.tasks.get(record.key)  # type: ignore[union-attr]
+        if ts is not None:
+            if state == "memory" and ts.nbytes >= 0:
+                record.nbytes = ts.nbytes
+            record.dependencies = [
+                (dts.key, dts.annotations.get(ids.ANNOTATION) if dts.annotations else None)
+                for dts in islice(ts.dependencies, self._settings.max_task_links)
+            ]
         self._emitter.submit(record)  # type: ignore[union-attr]
         graph = record.graph
         graph.pending -= 1
