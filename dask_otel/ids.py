@@ -118,7 +118,7 @@ class SpanIdSetter:
             tracer.id_generator = self._generator  # type: ignore[attr-defined]
         else:
             self._generator = None
-            if not isinstance(tracer, trace.NoOpTracer):
+            if not isinstance(tracer, (trace.NoOpTracer, trace.ProxyTracer)):
                 logger.warning(
                     "dask-otel: tracer %r cannot take preset span ids; spans of one task "
                     "recorded on different hosts will not share a parent",

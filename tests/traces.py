@@ -90,5 +90,10 @@ def check_workload_telemetry(
     assert records[0]["span_id"] == execute["span_id"]
     assert records[0]["trace_id"] == execute["trace_id"]
 
+    # The worker's metric pipeline works: a counter recorded inside a task arrives.
+    points = rx.wait_for(lambda r: r.metrics(name="user.marker"))
+    assert points[-1]["value"] == 7
+    assert points[-1]["resource"]["service.name"] in roles
+
     # Dask's own records (its loggers may not propagate to the root) are exported too.
     rx.wait_for(lambda r: [x for x in r.log_records() if "Compute Failed" in str(x["body"])])

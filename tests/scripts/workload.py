@@ -24,7 +24,10 @@ def slow_inc(x: int) -> int:
 
 
 def log_marker(x: int) -> int:
+    from opentelemetry import metrics
+
     logging.getLogger("user.task").warning("marker-from-task %d", x)
+    metrics.get_meter("user.task").create_counter("user.marker").add(x)
     return x
 
 
