@@ -7,6 +7,7 @@ get. The span's context rides to the scheduler as a global annotation, the only 
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import dask
@@ -15,11 +16,20 @@ from opentelemetry.trace import SpanKind
 
 from dask_otel import ids, telemetry
 from dask_otel.activation import activate
+from dask_otel.config import ConfigError
+
+logger = logging.getLogger(__name__)
+_warned: set[str] = set()
 
 
 def traced_graph_to_futures(wrapped: Any, client: Any, args: Any, kwargs: Any) -> Any:
     """wrapt wrapper of ``Client._graph_to_futures(expr, keys, span_metadata, ...)``."""
-    if activate("client") is None:
+    try:
+        settings = activate("client")
+    except ConfigError as e:
+        _warn_once(e)
+        settings = None
+    if settings is None:
         return wrapped(*args, **kwargs)
     keys = kwargs["keys"] if "keys" in kwargs else args[1] if len(args) > 1 else ()
     first = next(iter(keys), None)
@@ -37,3 +47,10 @@ def traced_graph_to_futures(wrapped: Any, client: Any, args: Any, kwargs: Any) -
             return wrapped(*args, **kwargs)
         with dask.annotate(**{ids.ANNOTATION: ids.encode(span_context)}):
             return wrapped(*args, **kwargs)
+
+
+def _warn_once(error: ConfigError) -> None:
+    """A bad ``otel.*`` value must not fail the user's submission: say so once."""
+    if str(error) not in _warned:
+        _warned.add(str(error))
+        logger.error("dask-otel: not tracing this client's submissions: %s", error)

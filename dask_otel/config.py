@@ -58,7 +58,7 @@ def _seconds(key: str) -> float:
     value = _get(key)
     try:
         seconds = parse_timedelta(value, default="seconds")
-    except (TypeError, ValueError, KeyError) as e:
+    except Exception as e:  # parse_timedelta raises many types for bad input
         raise ConfigError(
             f"otel.{key} must be a duration such as '5s' or 2.5, got {value!r}"
         ) from e

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import pickle
 from itertools import islice
 from time import time_ns
 from typing import TYPE_CHECKING, Any
@@ -19,7 +18,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from dask_otel import ids, telemetry
+from dask_otel import errors, ids, telemetry
 from dask_otel.activation import activate
 from dask_otel.emitter import SpanEmitter
 
@@ -194,9 +193,13 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
             record.worker = worker
             if worker is not None:
                 record.workers.append(worker)
-        if len(record.events) < self._settings.max_task_events:
-            record.events.append((finish, now, stimulus_id, worker))
+        event = (finish, now, stimulus_id, worker)
+        events = record.events
+        if len(events) < self._settings.max_task_events:
+            events.append(event)
         else:
+            if events:  # keep the first states and always the latest: the final one shows
+                events[-1] = event
             record.dropped_events += 1
         if finish in FINAL_STATES:
             self._finish(record, finish, now, kwargs)
@@ -205,12 +208,15 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         del self._tasks[record.key]
         record.state = state
         record.end_ns = now
+        ts = self._scheduler.tasks.get(record.key)  # type: ignore[union-attr]
         if state == "erred":
             record.error = {
                 name: kwargs.get(name)
                 for name in ("exception", "exception_text", "traceback_text", "cause")
             }
-        ts = self._scheduler.tasks.get(record.key)  # type: ignore[union-attr]
+            if record.error["cause"] is None and ts is not None and ts.exception_blame:
+                # Dependents of a failed task are erred without kwargs; Dask blames one.
+                record.error["cause"] = ts.exception_blame.key
         if ts is not None:
             if state == "memory" and ts.nbytes >= 0:
                 record.nbytes = ts.nbytes
@@ -297,7 +303,7 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
             span.set_attribute("dask.task.erred_by", ids.cap(ids.key_to_str(cause), limit))
             span.set_status(Status(StatusCode.ERROR, "dependency erred"))
             return
-        exc_type, message = _describe_exception(error.get("exception"), error.get("exception_text"))
+        exc_type, message = errors.describe(error.get("exception"), error.get("exception_text"))
         attributes = {
             "exception.type": exc_type,
             "exception.message": ids.cap(message, limit * 4),
@@ -315,6 +321,7 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
     async def close(self) -> None:
         if self._emitter is None:
             return
+        self._tasks = {}  # stop recording: transitions from now on find no record
         now = time_ns()
         for graph in list(self._graphs):
             graph.span.set_attribute("dask.graph.incomplete", True)
@@ -330,27 +337,3 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
 def _drain(emitter: SpanEmitter, providers: telemetry.Providers, timeout: float) -> None:
     emitter.close(timeout / 2)
     telemetry.flush(providers, timeout / 2)
-
-
-def _describe_exception(exception: Any, text: str | None) -> tuple[str, str]:
-    """(type, message) of a task's exception without running user code on the event loop.
-
-    Workers report ``exception_text`` (the exception's repr). The scheduler's own
-    ``KilledWorker`` arrives only pickled; it is ours, so unpickling it is safe.
-    """
-    if text:
-        return text.split("(", 1)[0] or "Exception", text
-    if isinstance(exception, bytes):
-        try:
-            exc = pickle.loads(exception)
-        except Exception:
-            return "Exception", "unreadable exception"
-        return f"{type(exc).__module__}.{type(exc).__qualname__}", _safe_str(exc)
-    return "Exception", "unknown error"
-
-
-def _safe_str(exc: BaseException) -> str:
-    try:
-        return str(exc)
-    except Exception:
-        return f"<{type(exc).__name__}: str() failed>"

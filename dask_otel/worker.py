@@ -18,7 +18,7 @@ from distributed.worker_state_machine import ExecuteFailureEvent, RescheduleEven
 from opentelemetry import context, trace
 from opentelemetry.trace import Status, StatusCode
 
-from dask_otel import ids, telemetry
+from dask_otel import errors, ids, telemetry
 from dask_otel.activation import activate
 
 if TYPE_CHECKING:
@@ -103,22 +103,14 @@ class ExecuteTracer:
 
 def record_failure(span: trace.Span, failure: ExecuteFailureEvent, limit: int) -> None:
     """ERROR status and an ``exception`` event from a failed attempt (never raises)."""
-    exc = getattr(failure.exception, "data", None)
-    if isinstance(exc, BaseException):
-        exc_type = f"{type(exc).__module__}.{type(exc).__qualname__}"
-        try:
-            message = str(exc)
-        except Exception:
-            message = f"<{type(exc).__name__}: str() failed>"
-    else:
-        exc_type = failure.exception_text.split("(", 1)[0] or "Exception"
-        message = failure.exception_text
+    exc_type, message = errors.describe(failure.exception, failure.exception_text)
+    stacktrace = f"Traceback (most recent call last):\n{failure.traceback_text or ''}"
     span.add_event(
         "exception",
         {
             "exception.type": exc_type,
             "exception.message": ids.cap(message, limit * 4),
-            "exception.stacktrace": ids.cap(failure.traceback_text or "", limit * 16),
+            "exception.stacktrace": ids.cap(f"{stacktrace}{exc_type}: {message}", limit * 16),
         },
     )
     span.set_attribute("error.type", exc_type)

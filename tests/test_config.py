@@ -1,0 +1,164 @@
+"""dask_otel.config: the ``otel:`` section of Dask's config and its validation."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+
+import dask
+import pytest
+from distributed import Scheduler, Worker
+
+from dask_otel.config import ConfigError, Settings, load_settings
+
+
+def test_defaults():
+    assert load_settings() == Settings(
+        enabled=True,
+        max_attribute_length=256,
+        max_task_events=16,
+        max_task_links=8,
+        flush_timeout=5.0,
+    )
+    # The defaults are part of dask.config, where every Dask way of setting config works.
+    assert dask.config.get("otel.task.max-events") == 16
+    assert dask.config.get("otel.flush-timeout") == "5s"
+
+
+def test_values_set_through_dask_config():
+    with dask.config.set(
+        {
+            "otel.enabled": "False",
+            "otel.max-attribute-length": 16,
+            "otel.task.max-events": 0,
+            "otel.task.max-links": 3,
+            "otel.flush-timeout": "250ms",
+        }
+    ):
+        settings = load_settings()
+    assert settings == Settings(
+        enabled=False,
+        max_attribute_length=16,
+        max_task_events=0,
+        max_task_links=3,
+        flush_timeout=0.25,
+    )
+    with dask.config.set({"otel.enabled": "true", "otel.flush-timeout": 2.5}):
+        settings = load_settings()
+    assert settings.enabled is True
+    assert settings.flush_timeout == 2.5
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("otel.enabled", "maybe"),
+        ("otel.enabled", 1),
+        ("otel.enabled", None),
+        ("otel.max-attribute-length", 3),
+        ("otel.max-attribute-length", "256"),
+        ("otel.task.max-events", -1),
+        ("otel.task.max-events", 1.5),
+        ("otel.task.max-events", True),
+        ("otel.task.max-links", "x"),
+        ("otel.task.max-links", -3),
+        ("otel.flush-timeout", "soon"),
+        ("otel.flush-timeout", -1),
+        ("otel.flush-timeout", None),
+        ("otel.flush-timeout", "inf"),
+    ],
+)
+def test_invalid_value_names_the_full_key(key, value):
+    with dask.config.set({key: value}), pytest.raises(ConfigError) as info:
+        load_settings()
+    message = str(info.value)
+    assert key in message
+    assert repr(value) in message
+    # A ConfigError is a ValueError, for callers that catch those.
+    assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("value", [[5], {"seconds": 5}, "1e400"])
+def test_unparseable_duration_raises_config_error(value):
+    with dask.config.set({"otel.flush-timeout": value}), pytest.raises(ConfigError) as info:
+        load_settings()
+    assert "otel.flush-timeout" in str(info.value)
+
+
+def test_environment_variable_is_honoured():
+    """Dask reads DASK_* variables when it is imported, hence a fresh interpreter."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DASK_", "OTEL_"))}
+    env["DASK_OTEL__TASK__MAX_EVENTS"] = "32"
+    env["DASK_OTEL__FLUSH_TIMEOUT"] = "1500ms"
+    code = (
+        "from dask_otel.config import load_settings\n"
+        "s = load_settings()\n"
+        "print(s.max_task_events, s.flush_timeout, s.max_task_links)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["32", "1.5", "8"]
+
+
+def test_invalid_environment_variable_fails_with_the_key():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DASK_", "OTEL_"))}
+    env["DASK_OTEL__TASK__MAX_LINKS"] = "-2"
+    code = "from dask_otel.config import load_settings\nload_settings()\n"
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode != 0
+    assert "ConfigError: otel.task.max-links" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("otel.task.max-events", -1), ("otel.flush-timeout", "soon")],
+)
+def test_invalid_value_stops_an_instrumented_scheduler(telemetry, key, value):
+    async def start() -> None:
+        with dask.config.set({key: value}):
+            async with Scheduler(host="127.0.0.1", port=0, dashboard_address="127.0.0.1:0"):
+                pass
+
+    with pytest.raises(Exception) as info:
+        asyncio.run(asyncio.wait_for(start(), 30))
+    error = info.value
+    chain = [error, error.__cause__, error.__context__]
+    text = " ".join(str(e) for e in chain if e is not None)
+    assert key in text, text
+    assert "ConfigError" in text or any(isinstance(e, ConfigError) for e in chain)
+    assert telemetry.spans() == []
+
+
+def test_valid_value_lets_an_instrumented_scheduler_start(telemetry):
+    """The counterpart of the test above: the same scheduler starts with valid config."""
+
+    async def start() -> list[str]:
+        with dask.config.set({"otel.task.max-events": 3}):
+            async with Scheduler(
+                host="127.0.0.1", port=0, dashboard_address="127.0.0.1:0"
+            ) as scheduler:
+                plugin = scheduler.plugins["dask-otel"]
+                assert plugin._settings.max_task_events == 3
+                return list(scheduler.plugins)
+
+    assert "dask-otel" in asyncio.run(asyncio.wait_for(start(), 30))
+
+
+def test_invalid_value_stops_an_instrumented_worker(telemetry):
+    async def start() -> None:
+        async with Scheduler(host="127.0.0.1", port=0, dashboard_address="127.0.0.1:0") as s:
+            with dask.config.set({"otel.task.max-links": "x"}):
+                async with Worker(s.address, host="127.0.0.1", dashboard_address="127.0.0.1:0"):
+                    pass
+
+    with pytest.raises(RuntimeError, match="Worker failed to start") as info:
+        asyncio.run(asyncio.wait_for(start(), 30))
+    chain = [info.value, info.value.__cause__, info.value.__context__]
+    text = " ".join(str(e) for e in chain if e is not None)
+    assert "otel.task.max-links" in text, text

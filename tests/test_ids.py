@@ -1,0 +1,249 @@
+"""dask_otel.ids: key text, span ids derived from (trace, key), traceparent carriers."""
+
+from __future__ import annotations
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanContext, TraceFlags
+
+from dask_otel import ids
+
+TRACE_A = 0x0AF7651916CD43DD8448EB211C80319C
+TRACE_B = 0x4BF92F3577B34DA6A3CE929D0E0E4736
+
+
+# -- key_to_str / cap -----------------------------------------------------------------------
+
+
+def test_key_to_str_leaves_str_keys_alone():
+    assert ids.key_to_str("inc-1234") == "inc-1234"
+    assert ids.key_to_str("") == ""
+
+
+def test_key_to_str_tuple_keys():
+    key = ("sum-aggregate-8f3e", 0, 1)
+    text = ids.key_to_str(key)
+    assert isinstance(text, str)
+    assert text == "('sum-aggregate-8f3e', 0, 1)"
+    # Identical across calls and for equal tuples built separately.
+    assert ids.key_to_str(key) == text
+    assert ids.key_to_str(("sum-aggregate-8f3e", 0, 1)) == text
+    assert ids.key_to_str(("x", 1)) != ids.key_to_str(("x", 2))
+    assert ids.key_to_str(("x", 1)) != ids.key_to_str("x")
+
+
+def test_cap():
+    assert ids.cap("abc", 3) == "abc"
+    assert ids.cap("", 5) == ""
+    capped = ids.cap("abcdef", 4)
+    assert capped == "abc\u2026"
+    assert len(capped) == 4
+    long = "k" * 1000
+    assert len(ids.cap(long, 256)) == 256
+    assert ids.cap(long, 256).endswith("\u2026")
+
+
+# -- task_span_id ---------------------------------------------------------------------------
+
+
+def test_task_span_id_is_deterministic():
+    assert ids.task_span_id(TRACE_A, "inc-1") == ids.task_span_id(TRACE_A, "inc-1")
+
+
+def test_task_span_id_differs_by_key_and_by_trace():
+    a1 = ids.task_span_id(TRACE_A, "inc-1")
+    assert a1 != ids.task_span_id(TRACE_A, "inc-2")
+    assert a1 != ids.task_span_id(TRACE_B, "inc-1")
+    tuple_key = ids.key_to_str(("x", 1))
+    assert ids.task_span_id(TRACE_A, tuple_key) != ids.task_span_id(TRACE_A, "x")
+
+
+@pytest.mark.parametrize("trace_id", [1, TRACE_A, TRACE_B, (1 << 128) - 1])
+def test_task_span_id_is_a_valid_64_bit_span_id(trace_id):
+    keys = [f"task-{i}" for i in range(2000)] + ["", "\u00e9\u4e2d", "\ud800"]
+    span_ids = [ids.task_span_id(trace_id, key) for key in keys]
+    for span_id in span_ids:
+        assert isinstance(span_id, int)
+        assert 0 < span_id < 2**64
+    # 2000+ keys, no collisions, and the top bit is used (ids are not 63-bit or smaller).
+    assert len(set(span_ids)) == len(span_ids)
+    assert any(span_id >= 2**63 for span_id in span_ids)
+
+
+# -- encode / decode ------------------------------------------------------------------------
+
+
+def test_encode_decode_round_trip():
+    sc = SpanContext(
+        trace_id=TRACE_A,
+        span_id=0x00F067AA0BA902B7,
+        is_remote=False,
+        trace_flags=TraceFlags(TraceFlags.SAMPLED),
+    )
+    text = ids.encode(sc)
+    assert text == "00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01"
+    back = ids.decode(text)
+    assert back is not None
+    assert back.trace_id == sc.trace_id
+    assert back.span_id == sc.span_id
+    assert back.trace_flags == sc.trace_flags
+    assert back.trace_flags.sampled
+    assert back.is_remote
+
+
+def test_encode_decode_unsampled():
+    sc = SpanContext(trace_id=TRACE_B, span_id=7, is_remote=False, trace_flags=TraceFlags(0))
+    back = ids.decode(ids.encode(sc))
+    assert back is not None
+    assert (back.trace_id, back.span_id) == (TRACE_B, 7)
+    assert not back.trace_flags.sampled
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        0,
+        12345,
+        1.5,
+        b"00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01",
+        ["00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01"],
+        {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01"},
+        "",
+        "garbage",
+        "not-a-traceparent-at-all",
+        # Someone else's annotation value under the same name.
+        "high-priority",
+        # Malformed traceparents.
+        "00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7",
+        "00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-0",
+        "00-0af7651916cd43dd8448eb211c8031-00f067aa0ba902b7-01",
+        "00-zzf7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01",
+        "ff-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01",
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+        "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",
+    ],
+)
+def test_decode_returns_none_for_anything_else(value):
+    assert ids.decode(value) is None
+
+
+# -- task_context ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flags", [TraceFlags.SAMPLED, TraceFlags.DEFAULT])
+def test_task_context_parent_is_the_task_span(flags):
+    carrier = SpanContext(
+        trace_id=TRACE_A, span_id=0x1234, is_remote=True, trace_flags=TraceFlags(flags)
+    )
+    ctx = ids.task_context(carrier, "inc-1")
+    parent = trace.get_current_span(ctx).get_span_context()
+    assert parent.trace_id == TRACE_A
+    assert parent.span_id == ids.task_span_id(TRACE_A, "inc-1")
+    assert parent.span_id != carrier.span_id
+    assert parent.is_remote
+    assert parent.trace_flags == carrier.trace_flags
+
+
+def test_task_context_parents_real_spans():
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    try:
+        carrier = SpanContext(
+            trace_id=TRACE_B,
+            span_id=0x42,
+            is_remote=True,
+            trace_flags=TraceFlags(TraceFlags.SAMPLED),
+        )
+        tracer = provider.get_tracer("test")
+        tracer.start_span("child", context=ids.task_context(carrier, "k")).end()
+        (span,) = exporter.get_finished_spans()
+        assert span.context.trace_id == TRACE_B
+        assert span.parent.span_id == ids.task_span_id(TRACE_B, "k")
+    finally:
+        provider.shutdown()
+
+
+# -- SpanIdSetter ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def sdk():
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    yield provider, exporter
+    provider.shutdown()
+
+
+def test_span_id_setter_presets_one_span(sdk):
+    provider, exporter = sdk
+    tracer = provider.get_tracer("test-setter")
+    setter = ids.SpanIdSetter(tracer)
+    wanted = ids.task_span_id(TRACE_A, "inc-1")
+
+    setter.start_span(wanted, "preset").end()
+    tracer.start_span("after").end()
+    with tracer.start_as_current_span("random-parent"):
+        setter.start_span(wanted + 1, "preset-child").end()
+
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert spans["preset"].context.span_id == wanted
+    assert spans["preset-child"].context.span_id == wanted + 1
+    # The parent of the preset child is the current span, not disturbed by the preset.
+    assert spans["preset-child"].parent.span_id == spans["random-parent"].context.span_id
+    # Spans started without a preset get random ids.
+    assert spans["after"].context.span_id not in (wanted, wanted + 1)
+    assert spans["random-parent"].context.span_id not in (wanted, wanted + 1)
+
+
+def test_span_id_setter_leaves_other_spans_random(sdk):
+    provider, exporter = sdk
+    tracer = provider.get_tracer("test-random")
+    setter = ids.SpanIdSetter(tracer)
+    wanted = 0xDEADBEEF
+    for _ in range(50):
+        tracer.start_span("plain").end()
+    setter.start_span(wanted, "preset").end()
+    for _ in range(50):
+        tracer.start_span("plain").end()
+    plain = [s.context.span_id for s in exporter.get_finished_spans() if s.name == "plain"]
+    assert len(plain) == 100
+    assert wanted not in plain
+    assert len(set(plain)) == 100
+
+
+def test_span_id_setter_is_reusable_and_wraps_once(sdk):
+    provider, exporter = sdk
+    tracer = provider.get_tracer("test-reuse")
+    first = ids.SpanIdSetter(tracer)
+    generator = tracer.id_generator
+    second = ids.SpanIdSetter(tracer)
+    # A second setter on the same tracer reuses the wrapper instead of nesting another.
+    assert tracer.id_generator is generator
+    first.start_span(11, "one").end()
+    second.start_span(22, "two").end()
+    spans = {s.name: s.context.span_id for s in exporter.get_finished_spans()}
+    assert spans == {"one": 11, "two": 22}
+
+
+def test_span_id_setter_preset_does_not_leak_after_failure(sdk):
+    provider, exporter = sdk
+    tracer = provider.get_tracer("test-leak")
+    setter = ids.SpanIdSetter(tracer)
+    with pytest.raises(TypeError):
+        setter.start_span(99, "bad", not_an_argument=True)
+    tracer.start_span("next").end()
+    (span,) = exporter.get_finished_spans()
+    assert span.context.span_id != 99
+
+
+def test_span_id_setter_on_noop_tracer():
+    setter = ids.SpanIdSetter(trace.NoOpTracer())
+    span = setter.start_span(5, "noop")
+    assert not span.is_recording()
+    span.end()

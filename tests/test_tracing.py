@@ -1,0 +1,552 @@
+"""Traces of an in-process cluster: client, scheduler and worker spans and how they link.
+
+Every test builds its LocalCluster inside the ``telemetry`` fixture, so the hooks give
+its scheduler and workers dask-otel's plugins and all spans land in memory.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import dask
+import pytest
+from conftest import flush_scheduler
+from distributed import Client, LocalCluster
+from opentelemetry import trace
+from opentelemetry._logs import SeverityNumber
+from opentelemetry.trace import SpanKind, StatusCode
+
+import dask_otel
+from dask_otel import ids
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+@contextmanager
+def cluster_and_client(**kwargs) -> Iterator[tuple[LocalCluster, Client]]:
+    options = {
+        "n_workers": 2,
+        "threads_per_worker": 1,
+        "processes": False,
+        "dashboard_address": "127.0.0.1:0",
+        **kwargs,
+    }
+    # No work stealing: a stolen task has extra states and attempts, which would make the
+    # exact expectations below depend on timing.
+    with dask.config.set({"distributed.scheduler.work-stealing": False}):
+        cluster = LocalCluster(**options)
+    with cluster, Client(cluster) as client:
+        yield cluster, client
+
+
+def inc(x):
+    return x + 1
+
+
+def fail(x):
+    raise ValueError(f"boom {x}")
+
+
+def by_trace(spans) -> dict[int, list]:
+    traces = defaultdict(list)
+    for span in spans:
+        traces[span.context.trace_id].append(span)
+    return traces
+
+
+def only(spans, name: str):
+    (span,) = [s for s in spans if s.name == name]
+    return span
+
+
+def task_spans_by_key(spans) -> dict[str, object]:
+    out = {}
+    for span in spans:
+        if span.name.startswith("task "):
+            key = span.attributes["dask.task.key"]
+            assert key not in out, f"two task spans for {key}"
+            out[key] = span
+    return out
+
+
+def assert_task_ids_line_up(spans) -> None:
+    """Each task span has the id derived from its key; each execute span is its child."""
+    tasks = task_spans_by_key(spans)
+    executes = [s for s in spans if s.name.startswith("execute ")]
+    assert executes
+    for span in tasks.values():
+        key = span.attributes["dask.task.key"]
+        assert span.context.span_id == ids.task_span_id(span.context.trace_id, key)
+    for span in executes:
+        task = tasks[span.attributes["dask.task.key"]]
+        assert span.context.trace_id == task.context.trace_id
+        assert span.parent is not None
+        assert span.parent.span_id == task.context.span_id
+        assert span.name == "execute " + task.attributes["dask.task.prefix"]
+        assert task.name == "task " + task.attributes["dask.task.prefix"]
+
+
+def assert_no_orphans(spans) -> None:
+    present = {(s.context.trace_id, s.context.span_id) for s in spans}
+    for span in spans:
+        if span.parent is not None:
+            assert span.parent.trace_id == span.context.trace_id
+            assert (span.parent.trace_id, span.parent.span_id) in present, span.name
+
+
+def scheduler_plugins(client: Client) -> list[str]:
+    return client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.plugins))
+
+
+def worker_plugins(client: Client) -> dict[str, list[str]]:
+    return client.run(lambda dask_worker: list(dask_worker.plugins))
+
+
+# -- (a) the shape of a trace ---------------------------------------------------------------
+
+
+def test_one_trace_per_submission(telemetry):
+    with cluster_and_client() as (_, client):
+        futures = client.map(inc, range(3))
+        total = client.submit(sum, futures)
+        assert total.result() == 6
+        flush_scheduler(client)
+        cluster_id = client.scheduler_info()["id"]
+        keys = [f.key for f in futures] + [total.key]
+
+    spans = telemetry.spans()
+    traces = by_trace(spans)
+    assert len(traces) == 2
+    shapes = sorted(sorted(s.name for s in trace_spans) for trace_spans in traces.values())
+    assert shapes == [
+        ["compute inc", "execute inc", "execute inc", "execute inc", "graph"] + ["task inc"] * 3,
+        ["compute sum", "execute sum", "graph", "task sum"],
+    ]
+
+    for trace_spans in traces.values():
+        compute = next(s for s in trace_spans if s.name.startswith("compute "))
+        graph = only(trace_spans, "graph")
+        assert compute.parent is None
+        assert compute.kind == SpanKind.PRODUCER
+        assert graph.parent is not None
+        assert graph.parent.span_id == compute.context.span_id
+        assert graph.kind == SpanKind.CONSUMER
+        assert graph.attributes["dask.graph.tasks"] == len(
+            [s for s in trace_spans if s.name.startswith("task ")]
+        )
+        for task in (s for s in trace_spans if s.name.startswith("task ")):
+            assert task.parent.span_id == graph.context.span_id
+            assert task.attributes["dask.task.state"] == "memory"
+            assert task.attributes["dask.task.attempts"] == 1
+            assert task.attributes["dask.task.nbytes"] > 0
+            assert task.attributes["dask.worker.address"].startswith("inproc://")
+            assert "dask.task.dropped_events" not in task.attributes
+            assert [e.name for e in task.events] == ["waiting", "processing", "memory"]
+            assert task.status.status_code == StatusCode.UNSET
+            # The graph span covers its tasks; the task span covers its execution.
+            assert graph.start_time <= task.start_time <= task.end_time <= graph.end_time
+            (execute,) = [
+                s
+                for s in trace_spans
+                if s.name.startswith("execute ")
+                and s.attributes["dask.task.key"] == task.attributes["dask.task.key"]
+            ]
+            assert task.start_time <= execute.start_time <= execute.end_time <= task.end_time
+            assert (
+                execute.attributes["dask.worker.address"] == task.attributes["dask.worker.address"]
+            )
+            assert execute.status.status_code == StatusCode.UNSET
+
+    assert {s.attributes["dask.task.key"] for s in spans if s.name.startswith("task ")} == set(keys)
+    assert_task_ids_line_up(spans)
+    assert_no_orphans(spans)
+    for span in spans:
+        assert span.attributes["dask.cluster.id"] == cluster_id, span.name
+        for key in keys:
+            assert key not in span.name
+            assert key.rsplit("-", 1)[-1] not in span.name  # not even the token
+
+
+# -- (b) tuple keys -------------------------------------------------------------------------
+
+
+def test_tuple_key_of_a_submitted_task(telemetry):
+    with cluster_and_client() as (_, client):
+        future = client.submit(inc, 1, key=("x", 1))
+        assert future.result() == 2
+        flush_scheduler(client)
+
+    spans = telemetry.spans()
+    task = only(spans, "task x")
+    execute = only(spans, "execute x")
+    assert task.attributes["dask.task.key"] == "('x', 1)"
+    assert execute.attributes["dask.task.key"] == "('x', 1)"
+    assert task.context.span_id == ids.task_span_id(task.context.trace_id, "('x', 1)")
+    assert execute.parent.span_id == task.context.span_id
+    assert_no_orphans(spans)
+
+
+def test_tuple_keys_of_a_dask_array(telemetry):
+    da = pytest.importorskip("dask.array")
+    with cluster_and_client() as (_, client):
+        x = da.arange(12, chunks=3) + 1
+        future = client.compute(x.sum())
+        assert future.result() == 78
+        flush_scheduler(client)
+        final_key = future.key
+
+    spans = telemetry.spans()
+    assert len(by_trace(spans)) == 1
+    tasks = task_spans_by_key(spans)
+    assert ids.key_to_str(final_key) in tasks
+    tuple_keys = [k for k in tasks if k.startswith("(")]
+    assert len(tuple_keys) >= 4  # one per chunk at least
+    for key in tuple_keys:
+        name, *indices = eval(key)  # the str() of a tuple key is its repr
+        assert isinstance(name, str)
+        assert all(isinstance(i, int) for i in indices)
+        assert tasks[key].name == "task " + tasks[key].attributes["dask.task.prefix"]
+        assert name not in tasks[key].name
+    executes = [s for s in spans if s.name.startswith("execute ")]
+    assert {s.attributes["dask.task.key"] for s in executes} <= set(tasks)
+    assert_task_ids_line_up(spans)
+    assert_no_orphans(spans)
+
+
+# -- (c) failures and retries ---------------------------------------------------------------
+
+
+def test_failure_with_retries(telemetry):
+    with cluster_and_client() as (_, client):
+        future = client.submit(fail, 1, retries=1)
+        with pytest.raises(ValueError, match="boom 1"):
+            future.result()
+        flush_scheduler(client)
+
+    spans = telemetry.spans()
+    executes = telemetry.spans("execute fail")
+    assert len(executes) == 2
+    task = only(spans, "task fail")
+    for execute in executes:
+        assert execute.status.status_code == StatusCode.ERROR
+        assert execute.parent.span_id == task.context.span_id
+        (event,) = [e for e in execute.events if e.name == "exception"]
+        # The worker reads its own exception: builtin type name, str() as the message.
+        assert event.attributes["exception.type"] == "ValueError"
+        assert event.attributes["exception.message"] == "boom 1"
+        stacktrace = event.attributes["exception.stacktrace"]
+        assert stacktrace.startswith("Traceback (most recent call last):")
+        assert "in fail" in stacktrace and stacktrace.endswith("ValueError: boom 1")
+        assert execute.attributes["error.type"] == "ValueError"
+    assert task.status.status_code == StatusCode.ERROR
+    assert "ValueError" in task.status.description
+    assert task.attributes["dask.task.attempts"] == 2
+    assert task.attributes["dask.task.state"] == "erred"
+    event_names = [e.name for e in task.events]
+    assert "erred" in event_names
+    assert event_names.count("processing") == 2
+    (event,) = [e for e in task.events if e.name == "exception"]
+    assert event.attributes["exception.type"].endswith("ValueError")
+    assert "boom 1" in event.attributes["exception.message"]
+    # Both attempts' workers are named (two workers, the retry may land on either).
+    workers = {e.attributes["dask.worker.address"] for e in executes}
+    assert set(task.attributes.get("dask.task.workers", workers)) == workers
+    assert_no_orphans(spans)
+    assert_task_ids_line_up(spans)
+
+
+def test_dependent_of_a_failed_task_is_erred(telemetry):
+    with cluster_and_client() as (_, client):
+        bad = client.submit(fail, 1)
+        dependent = client.submit(inc, bad)
+        with pytest.raises(ValueError, match="boom 1"):
+            dependent.result()
+        flush_scheduler(client)
+
+    task = only(telemetry.spans(), "task inc")
+    assert task.attributes["dask.task.state"] == "erred"
+    assert task.attributes["dask.task.attempts"] == 0
+    assert task.status.status_code == StatusCode.ERROR
+    assert "erred" in [e.name for e in task.events]
+    assert not telemetry.spans("execute inc")  # it never ran
+
+
+def test_dependent_of_a_failed_task_names_the_culprit(telemetry):
+    with cluster_and_client() as (_, client):
+        bad = client.submit(fail, 1)
+        dependent = client.submit(inc, bad)
+        with pytest.raises(ValueError, match="boom 1"):
+            dependent.result()
+        flush_scheduler(client)
+        bad_key = bad.key
+
+    task = only(telemetry.spans(), "task inc")
+    assert task.attributes["dask.task.erred_by"] == bad_key
+    assert "exception" not in [e.name for e in task.events]
+    assert task.status.description == "dependency erred"
+
+
+# -- (d) dependency links -------------------------------------------------------------------
+
+
+def test_links_to_dependencies_in_the_same_graph(telemetry):
+    with cluster_and_client() as (_, client):
+        parts = [dask.delayed(inc)(i) for i in range(3)]
+        total = dask.delayed(sum)(parts)
+        assert client.compute(total).result() == 6
+        flush_scheduler(client)
+
+    spans = telemetry.spans()
+    assert len(by_trace(spans)) == 1
+    total_span = only(spans, "task sum")
+    inputs = telemetry.spans("task inc")
+    assert len(inputs) == 3
+    linked = {(link.context.trace_id, link.context.span_id) for link in total_span.links}
+    assert linked == {(s.context.trace_id, s.context.span_id) for s in inputs}
+    for link in total_span.links:
+        assert link.attributes["dask.link"] == "dependency"
+    for span in inputs:
+        assert not span.links
+
+
+def test_links_to_dependencies_from_an_earlier_submission(telemetry):
+    with cluster_and_client() as (_, client):
+        futures = client.map(inc, range(3))
+        total = client.submit(sum, futures)
+        assert total.result() == 6
+        flush_scheduler(client)
+
+    total_span = only(telemetry.spans(), "task sum")
+    inputs = telemetry.spans("task inc")
+    # The inputs live in the trace of the `map`; the links point into it.
+    assert {s.context.trace_id for s in inputs} != {total_span.context.trace_id}
+    linked = {(link.context.trace_id, link.context.span_id) for link in total_span.links}
+    assert linked == {(s.context.trace_id, s.context.span_id) for s in inputs}
+
+
+# -- (e) user code inside a task ------------------------------------------------------------
+
+
+#: Where a task finds the test's tracer provider (same process: processes=False).
+USER_CODE: dict[str, object] = {}
+
+
+def work(x):
+    logging.getLogger("user").warning("working on %s", x)
+    tracer = trace.get_tracer("user-code", tracer_provider=USER_CODE["tracer_provider"])
+    with tracer.start_as_current_span("user-span"):
+        return x * 2
+
+
+def test_user_span_and_log_inside_a_task(telemetry):
+    USER_CODE["tracer_provider"] = telemetry.tracer_provider
+    try:
+        with cluster_and_client() as (_, client):
+            assert client.submit(work, 21).result() == 42
+            flush_scheduler(client)
+    finally:
+        USER_CODE.clear()
+
+    spans = telemetry.spans()
+    execute = only(spans, "execute work")
+    user = only(spans, "user-span")
+    assert user.parent is not None
+    assert user.parent.span_id == execute.context.span_id
+    assert user.context.trace_id == execute.context.trace_id
+    assert_no_orphans(spans)
+
+    records = [r for r in telemetry.logs() if r.body == "working on 21"]
+    assert len(records) == 1  # exported once, whatever loggers it passed
+    (record,) = records
+    assert record.trace_id == execute.context.trace_id
+    assert record.span_id == execute.context.span_id
+    assert record.severity_number == SeverityNumber.WARN
+
+
+def test_log_outside_a_task_has_no_span(telemetry):
+    with cluster_and_client() as (_, client):
+        client.submit(inc, 1).result()
+        logging.getLogger("user").warning("outside")
+    (record,) = [r for r in telemetry.logs() if r.body == "outside"]
+    assert not record.trace_id
+    assert not record.span_id
+
+
+# -- (f) client not instrumented ------------------------------------------------------------
+
+
+def test_uninstrumented_client_gets_a_root_graph_span(telemetry):
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address="127.0.0.1:0"
+    ) as cluster:
+        dask_otel.DaskInstrumentor().uninstrument()
+        with Client(cluster) as client:
+            assert "dask-otel" in scheduler_plugins(client)
+            assert all("dask-otel" in p for p in worker_plugins(client).values())
+            futures = client.map(inc, range(3))
+            assert client.submit(sum, futures).result() == 6
+            flush_scheduler(client)
+            cluster_id = client.scheduler_info()["id"]
+
+    spans = telemetry.spans()
+    assert not telemetry.spans("compute")
+    traces = by_trace(spans)
+    assert len(traces) == 2
+    for trace_spans in traces.values():
+        graph = only(trace_spans, "graph")
+        assert graph.parent is None
+        assert graph.kind == SpanKind.INTERNAL
+        for span in trace_spans:
+            if span.name.startswith("task "):
+                assert span.parent.span_id == graph.context.span_id
+    assert len(telemetry.spans("execute")) == 4
+    assert_task_ids_line_up(spans)
+    assert_no_orphans(spans)
+    assert all(s.attributes["dask.cluster.id"] == cluster_id for s in spans)
+
+
+# -- (g) uninstrument -----------------------------------------------------------------------
+
+
+def test_no_plugins_after_uninstrument(telemetry):
+    with cluster_and_client() as (_, client):
+        assert "dask-otel" in scheduler_plugins(client)
+        assert all("dask-otel" in p for p in worker_plugins(client).values())
+
+    dask_otel.DaskInstrumentor().uninstrument()
+
+    with cluster_and_client() as (_, client):
+        assert "dask-otel" not in scheduler_plugins(client)
+        plugins = worker_plugins(client)
+        assert len(plugins) == 2
+        assert all("dask-otel" not in p for p in plugins.values())
+        assert client.submit(inc, 1).result() == 2
+        assert not any(client.run(lambda dask_worker: "execute" in vars(dask_worker)).values())
+    assert not telemetry.spans()
+
+
+# -- (h) disabled by config -----------------------------------------------------------------
+
+
+def test_disabled_by_config(telemetry):
+    with dask.config.set({"otel.enabled": False}), cluster_and_client() as (_, client):
+        futures = client.map(inc, range(3))
+        assert client.submit(sum, futures).result() == 6
+        flush_scheduler(client)
+        patched = client.run(lambda dask_worker: "execute" in vars(dask_worker))
+    assert telemetry.spans() == []
+    assert not any(patched.values())
+
+
+def test_disabled_client_with_an_enabled_cluster(telemetry):
+    """`enabled` is read by each component: a disabled client sends no context."""
+    with cluster_and_client() as (_, client):
+        with dask.config.set({"otel.enabled": False}):
+            assert client.submit(inc, 1).result() == 2
+        flush_scheduler(client)
+    assert not telemetry.spans("compute")
+    assert only(telemetry.spans(), "graph").parent is None
+    assert_task_ids_line_up(telemetry.spans())
+
+
+# -- (i) caps -------------------------------------------------------------------------------
+
+
+def test_max_events_and_max_links(telemetry):
+    settings = {"otel.task.max-events": 2, "otel.task.max-links": 2}
+    with dask.config.set(settings), cluster_and_client() as (_, client):
+        futures = client.map(inc, range(5))
+        assert client.submit(sum, futures).result() == 15
+        flush_scheduler(client)
+
+    tasks = telemetry.spans("task")
+    assert len(tasks) == 6
+    for task in tasks:
+        assert len(task.events) == 2
+        assert task.events[0].name == "waiting"
+        assert task.events[-1].name == "memory"  # the final state always shows
+        # waiting, processing, memory at least: one or more were counted, not kept.
+        assert task.attributes["dask.task.dropped_events"] >= 1
+    total = only(tasks, "task sum")
+    assert len(total.links) == 2
+    inputs = {s.context.span_id for s in telemetry.spans("task inc")}
+    assert {link.context.span_id for link in total.links} <= inputs
+
+
+def test_zero_links_and_events(telemetry):
+    settings = {"otel.task.max-events": 0, "otel.task.max-links": 0}
+    with dask.config.set(settings), cluster_and_client() as (_, client):
+        assert client.submit(sum, client.map(inc, range(3))).result() == 6
+        flush_scheduler(client)
+    for task in telemetry.spans("task"):
+        assert not task.links
+        assert not task.events
+        assert task.attributes["dask.task.dropped_events"] == 3
+
+
+# -- (j) instrument(client) -----------------------------------------------------------------
+
+
+def test_instrument_client_twice_then_uninstrument(telemetry):
+    # Start from a cluster without dask-otel: the fixture's instrumentation would add it.
+    dask_otel.DaskInstrumentor().uninstrument()
+    with cluster_and_client() as (_, client):
+        assert "dask-otel" not in scheduler_plugins(client)
+
+        def plugin_ids(dask_scheduler=None, dask_worker=None):
+            server = dask_scheduler or dask_worker
+            plugin = server.plugins.get("dask-otel")
+            return id(plugin) if plugin is not None else None
+
+        providers = {
+            "tracer_provider": telemetry.tracer_provider,
+            "meter_provider": telemetry.meter_provider,
+            "logger_provider": telemetry.logger_provider,
+        }
+        dask_otel.instrument(client, **providers)
+        first = (client.run_on_scheduler(plugin_ids), client.run(plugin_ids))
+        dask_otel.instrument(client, **providers)
+        second = (client.run_on_scheduler(plugin_ids), client.run(plugin_ids))
+        assert first[0] is not None
+        assert all(v is not None for v in first[1].values())
+        assert second == first  # registered once: the second call replaced nothing
+
+        def wrapped_once(dask_worker):
+            execute = vars(dask_worker).get("execute")
+            tracer = getattr(execute, "__self__", None)
+            return tracer is not None and getattr(tracer.original, "__self__", None) is dask_worker
+
+        assert all(client.run(wrapped_once).values())
+
+        assert client.submit(inc, 1).result() == 2
+        flush_scheduler(client)
+        names = sorted(s.name for s in telemetry.spans())
+        assert names == ["compute inc", "execute inc", "graph", "task inc"]
+
+        dask_otel.uninstrument(client)
+        assert "dask-otel" not in scheduler_plugins(client)
+        assert all("dask-otel" not in p for p in worker_plugins(client).values())
+        assert not any(client.run(lambda dask_worker: "execute" in vars(dask_worker)).values())
+
+        assert client.submit(inc, 2).result() == 3
+        assert len(telemetry.spans()) == 4  # nothing new
+
+
+def test_execute_span_is_current_in_the_task_thread(telemetry):
+    """The execute span is current in the task's thread and not after it."""
+
+    def current_span_id(_):
+        return trace.get_current_span().get_span_context().span_id
+
+    with cluster_and_client() as (_, client):
+        first, second = client.gather(client.map(current_span_id, [1, 2]))
+        flush_scheduler(client)
+    executes = sorted(
+        telemetry.spans("execute current_span_id"), key=lambda s: s.attributes["dask.task.key"]
+    )
+    assert len(executes) == 2
+    assert {first, second} == {s.context.span_id for s in executes}
+    assert trace.get_current_span().get_span_context().span_id == 0
