@@ -20,7 +20,8 @@ from dask_otel import hooks, logs, telemetry
 from dask_otel.activation import activate
 from dask_otel.package import _instruments
 from dask_otel.preload import dask_setup
-from dask_otel.scheduler import PLUGIN_NAME, DaskOtelSchedulerPlugin
+from dask_otel.scheduler import DaskOtelSchedulerPlugin
+from dask_otel.telemetry import PLUGIN_NAME
 from dask_otel.version import __version__
 from dask_otel.worker import DaskOtelWorkerPlugin
 

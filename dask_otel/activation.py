@@ -11,6 +11,7 @@ logger = logging.getLogger(__name__)
 
 #: Entry-point name, as listed in ``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS``.
 INSTRUMENTATION_NAME = "dask"
+_reported: set[str] = set()
 
 
 def disabled_by_environment() -> bool:
@@ -23,15 +24,26 @@ def activate(role: str) -> Settings | None:
     """Validated settings if dask-otel should run in this ``role``, else None.
 
     Configures the OpenTelemetry SDK from ``OTEL_*`` variables when nothing configured it
-    yet (a worker reached only through a plugin), names the process after ``role`` and
-    bridges Python logging to OpenTelemetry.
+    yet (a worker reached only through a plugin; if that fails, it says why once and
+    returns None), names the process after ``role`` and bridges Python logging.
     Raises :class:`dask_otel.config.ConfigError` for invalid ``otel.*`` values.
     """
     settings = load_settings()
     if not settings.enabled or disabled_by_environment():
         return None
-    from dask_otel import logs, sdk, telemetry  # the SDK only when nobody configured it
+    from dask_otel import logs, sdk, telemetry  # imports the SDK: keep it out of hooks
 
-    sdk.configure(role)
+    try:
+        sdk.configure(role)
+    except Exception as e:
+        # A typo in an OTEL_* variable must not stop a cluster: run it untraced, say so.
+        if str(e) not in _reported:
+            _reported.add(str(e))
+            logger.error(
+                "dask-otel: cannot configure OpenTelemetry from the OTEL_* settings, "
+                "telemetry is off in this process: %r",
+                e,
+            )
+        return None
     logs.install(telemetry.current().logger_provider)
     return settings

@@ -12,25 +12,49 @@ from typing import Any
 
 import dask
 from dask.utils import key_split
-from opentelemetry.trace import SpanKind
+from opentelemetry import context, trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from dask_otel import ids, telemetry
 from dask_otel.activation import activate
-from dask_otel.config import ConfigError
 
 logger = logging.getLogger(__name__)
 _warned: set[str] = set()
 
 
 def traced_graph_to_futures(wrapped: Any, client: Any, args: Any, kwargs: Any) -> Any:
-    """wrapt wrapper of ``Client._graph_to_futures(expr, keys, span_metadata, ...)``."""
+    """wrapt wrapper of ``Client._graph_to_futures(expr, keys, span_metadata, ...)``.
+
+    Whatever goes wrong with telemetry (bad settings, a failing SpanProcessor), the
+    submission itself goes ahead unchanged.
+    """
     try:
-        settings = activate("client")
-    except ConfigError as e:
+        span = _start_span(client, args, kwargs)
+    except Exception as e:
         _warn_once(e)
-        settings = None
-    if settings is None:
+        span = None
+    if span is None:
         return wrapped(*args, **kwargs)
+    token = context.attach(trace.set_span_in_context(span))
+    try:
+        with dask.annotate(**{ids.ANNOTATION: ids.encode(span.get_span_context())}):
+            return wrapped(*args, **kwargs)
+    except BaseException as e:
+        span.record_exception(e)
+        span.set_status(Status(StatusCode.ERROR, type(e).__name__))
+        raise
+    finally:
+        context.detach(token)
+        try:
+            span.end()
+        except Exception as e:
+            _warn_once(e)
+
+
+def _start_span(client: Any, args: Any, kwargs: Any) -> trace.Span | None:
+    """The ``compute`` span of this submission, or None when it is not traced."""
+    if activate("client") is None:
+        return None
     keys = kwargs["keys"] if "keys" in kwargs else args[1] if len(args) > 1 else ()
     first = next(iter(keys), None)
     name = key_split(first) if first is not None else "graph"
@@ -38,19 +62,16 @@ def traced_graph_to_futures(wrapped: Any, client: Any, args: Any, kwargs: Any) -
     cluster_id = (getattr(client, "_scheduler_identity", None) or {}).get("id")
     if cluster_id:
         attributes["dask.cluster.id"] = cluster_id
-    tracer = telemetry.current().tracer()
-    with tracer.start_as_current_span(
-        f"compute {name}", kind=SpanKind.PRODUCER, attributes=attributes
-    ) as span:
-        span_context = span.get_span_context()
-        if not span_context.is_valid:
-            return wrapped(*args, **kwargs)
-        with dask.annotate(**{ids.ANNOTATION: ids.encode(span_context)}):
-            return wrapped(*args, **kwargs)
+    span = (
+        telemetry.current()
+        .tracer()
+        .start_span(f"compute {name}", kind=SpanKind.PRODUCER, attributes=attributes)
+    )
+    return span if span.get_span_context().is_valid else None
 
 
-def _warn_once(error: ConfigError) -> None:
-    """A bad ``otel.*`` value must not fail the user's submission: say so once."""
+def _warn_once(error: Exception) -> None:
+    """Say once (per problem) why this client's submissions are not traced."""
     if str(error) not in _warned:
         _warned.add(str(error))
         logger.error("dask-otel: not tracing this client's submissions: %s", error)

@@ -1,4 +1,4 @@
-"""A daemon thread that turns compact records into spans, off the event loop.
+"""A daemon thread that builds spans from compact records, off the event loop.
 
 Building a span through the SDK costs ~15 us; the scheduler's event loop only appends a
 record and moves on. ``flush`` lets a closing component wait, boundedly, for the backlog.
@@ -16,17 +16,17 @@ logger = logging.getLogger(__name__)
 
 
 class SpanEmitter:
-    """Runs ``emit(record)`` for every submitted record in one background thread."""
+    """Runs submitted calls one after the other in a background thread."""
 
-    def __init__(self, emit: Callable[[Any], None], name: str) -> None:
-        self._emit = emit
+    def __init__(self, name: str) -> None:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._failed = False
         self._thread.start()
 
-    def submit(self, record: Any) -> None:
-        self._queue.put(record)
+    def submit(self, emit: Callable[..., None], *args: Any) -> None:
+        """Call ``emit(*args)`` in the background thread, after everything before it."""
+        self._queue.put((emit, args))
 
     def flush(self, timeout: float) -> bool:
         """Wait until everything submitted so far is emitted; False on timeout."""
@@ -44,14 +44,15 @@ class SpanEmitter:
 
     def _run(self) -> None:
         while True:
-            record = self._queue.get()
-            if record is None:
+            item = self._queue.get()
+            if item is None:
                 return
-            if isinstance(record, threading.Event):
-                record.set()
+            if isinstance(item, threading.Event):
+                item.set()
                 continue
+            emit, args = item
             try:
-                self._emit(record)
+                emit(*args)
             except Exception:
                 if not self._failed:
                     self._failed = True

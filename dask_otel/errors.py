@@ -7,7 +7,16 @@ them into ``exception.*`` attributes must never raise: ``str()`` of a user excep
 from __future__ import annotations
 
 import pickle
+import re
 from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
+
+from dask_otel.ids import cap
+
+#: The class name at the start of an exception's repr, e.g. ``KeyError`` in ``KeyError('k')``.
+_REPR_TYPE = re.compile(r"([A-Za-z_][\w.]*)\(")
 
 
 def type_name(exc: BaseException) -> str:
@@ -41,5 +50,30 @@ def describe(exception: Any, text: str | None) -> tuple[str, str]:
     if isinstance(exception, BaseException):
         return type_name(exception), safe_str(exception)
     if text:
-        return text.split("(", 1)[0] or "Exception", text
+        match = _REPR_TYPE.match(text)
+        return (match.group(1) if match else "Exception"), text
     return "Exception", "unknown error"
+
+
+def record_exception(
+    span: trace.Span,
+    exception: Any,
+    text: str | None,
+    traceback_text: str | None,
+    limit: int,
+    timestamp: int | None = None,
+    **attributes: Any,
+) -> None:
+    """ERROR status, ``error.type`` and an OpenTelemetry ``exception`` event on ``span``.
+
+    Strings are capped relative to ``limit`` (``otel.max-attribute-length``): the message
+    at 4x, the stack trace at 16x.
+    """
+    exc_type, message = describe(exception, text)
+    event = {"exception.type": exc_type, "exception.message": cap(message, limit * 4)}
+    if traceback_text:
+        stacktrace = f"Traceback (most recent call last):\n{traceback_text}{exc_type}: {message}"
+        event["exception.stacktrace"] = cap(stacktrace, limit * 16)
+    span.add_event("exception", {**event, **attributes}, timestamp=timestamp)
+    span.set_attribute("error.type", exc_type)
+    span.set_status(Status(StatusCode.ERROR, cap(f"{exc_type}: {message}", limit)))

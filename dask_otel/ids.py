@@ -4,8 +4,8 @@ The scheduler knows each graph's trace context and stores it in every task's ann
 under :data:`ANNOTATION` (a W3C ``traceparent``). ``distributed`` already ships a task's
 annotations to the worker inside ``compute-task``, so every process that touches a task
 knows its trace id without an extra message. The span id of a task's ``task`` span is a
-hash of (trace id, key): the scheduler, the worker that runs it and any worker that moves
-its data all name the same parent without waiting for each other.
+hash of (that trace context, key): the scheduler, the worker that runs it and any worker
+that moves its data all name the same parent without waiting for each other.
 """
 
 from __future__ import annotations
@@ -37,12 +37,17 @@ def cap(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
-def task_span_id(trace_id: int, key: str) -> int:
-    """Span id of the ``task`` span for ``key`` in trace ``trace_id`` (never 0)."""
+def task_span_id(carrier: trace.SpanContext, key: str) -> int:
+    """Span id of the ``task`` span for ``key`` under the task's ``carrier`` (never 0).
+
+    The carrier is the context in the task's annotation (the submitting client's span,
+    or the scheduler's ``graph`` span): a key computed again by a later submission in
+    the same trace gets a new id.
+    """
     digest = hashlib.blake2b(
         key.encode("utf-8", "surrogatepass"),
         digest_size=8,
-        key=trace_id.to_bytes(16, "big"),
+        key=carrier.trace_id.to_bytes(16, "big") + carrier.span_id.to_bytes(8, "big"),
     ).digest()
     return int.from_bytes(digest, "big") or 1
 
@@ -73,7 +78,7 @@ def task_context(carrier: trace.SpanContext, key: str) -> Context:
     """A context whose current span is the (remote) ``task`` span of ``key``."""
     parent = trace.SpanContext(
         trace_id=carrier.trace_id,
-        span_id=task_span_id(carrier.trace_id, key),
+        span_id=task_span_id(carrier, key),
         is_remote=True,
         trace_flags=carrier.trace_flags,
     )

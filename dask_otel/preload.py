@@ -23,8 +23,10 @@ async def dask_setup(server: Any) -> None:
         if DaskOtelSchedulerPlugin.name not in server.plugins:
             server.add_plugin(DaskOtelSchedulerPlugin())  # started by Scheduler.start
     elif isinstance(server, Worker):
-        if DaskOtelWorkerPlugin.name not in server.plugins:
-            await server.plugin_add(DaskOtelWorkerPlugin())
+        # Plugins given to the constructor (dask-otel's hooks) are added after preloads.
+        present = (*server.plugins.values(), *getattr(server, "_pending_plugins", ()))
+        if with_plugin(present, DaskOtelWorkerPlugin) != present:
+            await server.plugin_add(DaskOtelWorkerPlugin(), catch_errors=False)
     elif isinstance(server, Nanny):
         activate("nanny")
         # The worker process is spawned after preloads ran; its Worker adds the plugin.

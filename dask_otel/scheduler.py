@@ -16,11 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from dask_otel import errors, ids, telemetry
 from dask_otel.activation import activate
 from dask_otel.emitter import SpanEmitter
+from dask_otel.telemetry import PLUGIN_NAME
 
 if TYPE_CHECKING:
     from distributed import Scheduler
@@ -31,17 +33,21 @@ logger = logging.getLogger(__name__)
 
 #: States after which a task's span is complete.
 FINAL_STATES = frozenset({"memory", "erred", "forgotten"})
-PLUGIN_NAME = "dask-otel"
 
 
 class _Graph:
-    """One ``update_graph`` call: its live span and the tasks still running under it."""
+    """One ``update_graph`` call: its span and the tasks still running under it.
+
+    The ``graph`` span is live from ``update_graph`` on (one per graph): starting it is
+    how the sampler decides for the whole computation before any task reaches a worker.
+    ``carrier`` is the context every task of the graph carries in its annotation.
+    """
 
     __slots__ = ("carrier", "pending", "span")
 
-    def __init__(self, span: trace.Span) -> None:
+    def __init__(self, span: trace.Span, carrier: trace.SpanContext) -> None:
         self.span = span
-        self.carrier = span.get_span_context()
+        self.carrier = carrier
         self.pending = 0
 
 
@@ -113,7 +119,7 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         self._tracer = tracer
         self._ids = ids.SpanIdSetter(tracer)
         self._cluster_id = scheduler.id
-        self._emitter = SpanEmitter(self._emit_task, name="dask-otel-scheduler-spans")
+        self._emitter = SpanEmitter(name="dask-otel-scheduler-spans")
 
     # -- graphs -------------------------------------------------------------------------
 
@@ -135,7 +141,10 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         now = time_ns()
         span = self._tracer.start_span(
             "graph",
-            context=trace.set_span_in_context(trace.NonRecordingSpan(parent)) if parent else None,
+            # A root needs an explicit empty context: never adopt what the loop has current.
+            context=trace.set_span_in_context(trace.NonRecordingSpan(parent))
+            if parent
+            else Context(),
             kind=SpanKind.CONSUMER if parent else SpanKind.INTERNAL,
             start_time=now,
             attributes={
@@ -147,13 +156,15 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         if not span.is_recording():
             span.end(now)
             return
-        graph = _Graph(span)
+        graph = _Graph(span, parent or span.get_span_context())
         carrier = client_carrier if parent else ids.encode(graph.carrier)
         records = self._tasks
         states = scheduler.tasks
         for key in tasks:
             ts = states.get(key)
-            if ts is None or key in records:
+            # Only tasks this graph created are still released; the others (scattered
+            # data, results of earlier graphs, running tasks) belong to other spans.
+            if ts is None or ts.state != "released" or key in records:
                 continue
             annotation = ts.annotations.get(ids.ANNOTATION) if ts.annotations else None
             if annotation is None:
@@ -224,20 +235,16 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
                 (dts.key, dts.annotations.get(ids.ANNOTATION) if dts.annotations else None)
                 for dts in islice(ts.dependencies, self._settings.max_task_links)
             ]
-        self._emitter.submit(record)  # type: ignore[union-attr]
+        self._emitter.submit(self._emit_task, record)  # type: ignore[union-attr]
         graph = record.graph
         graph.pending -= 1
         if graph.pending == 0:
             self._graphs.discard(graph)
-            self._emitter.submit((graph, now))  # type: ignore[union-attr]
+            self._emitter.submit(graph.span.end, now)  # type: ignore[union-attr]
 
     # -- emission (background thread) -----------------------------------------------------
 
-    def _emit_task(self, record: _Task | tuple[_Graph, int]) -> None:
-        if isinstance(record, tuple):
-            graph, end_ns = record
-            graph.span.end(end_ns)
-            return
+    def _emit_task(self, record: _Task) -> None:
         limit = self._settings.max_attribute_length
         carrier = record.graph.carrier
         key = ids.key_to_str(record.key)
@@ -257,13 +264,14 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
             attributes["dask.task.nbytes"] = record.nbytes
         if record.dropped_events:
             attributes["dask.task.dropped_events"] = record.dropped_events
+        graph_context = record.graph.span.get_span_context()
         span = self._ids.start_span(
-            ids.task_span_id(carrier.trace_id, key),
+            ids.task_span_id(carrier, key),
             f"task {record.prefix}",
-            context=trace.set_span_in_context(trace.NonRecordingSpan(carrier)),
+            context=trace.set_span_in_context(trace.NonRecordingSpan(graph_context)),
             start_time=record.start_ns,
             attributes=attributes,
-            links=self._dependency_links(record.dependencies, carrier),
+            links=_dependency_links(record.dependencies),
         )
         for state, timestamp, stimulus_id, worker in record.events:
             event_attributes = {"dask.stimulus.id": stimulus_id} if stimulus_id else {}
@@ -275,26 +283,6 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         span.end(record.end_ns)
 
     @staticmethod
-    def _dependency_links(
-        dependencies: list[tuple[Any, Any]], carrier: trace.SpanContext
-    ) -> list[Link]:
-        links = []
-        for dep_key, dep_annotation in dependencies:
-            dep_carrier = ids.decode(dep_annotation) or carrier
-            links.append(
-                Link(
-                    trace.SpanContext(
-                        trace_id=dep_carrier.trace_id,
-                        span_id=ids.task_span_id(dep_carrier.trace_id, ids.key_to_str(dep_key)),
-                        is_remote=False,
-                        trace_flags=dep_carrier.trace_flags,
-                    ),
-                    {"dask.link": "dependency"},
-                )
-            )
-        return links
-
-    @staticmethod
     def _record_error(span: trace.Span, record: _Task, limit: int) -> None:
         error = record.error or {}
         cause = error.get("cause")
@@ -303,18 +291,16 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
             span.set_attribute("dask.task.erred_by", ids.cap(ids.key_to_str(cause), limit))
             span.set_status(Status(StatusCode.ERROR, "dependency erred"))
             return
-        exc_type, message = errors.describe(error.get("exception"), error.get("exception_text"))
-        attributes = {
-            "exception.type": exc_type,
-            "exception.message": ids.cap(message, limit * 4),
-        }
-        if error.get("traceback_text"):
-            attributes["exception.stacktrace"] = ids.cap(error["traceback_text"], limit * 16)
-        if record.workers:
-            attributes["dask.task.workers"] = list(dict.fromkeys(record.workers))
-        span.add_event("exception", attributes, timestamp=record.end_ns)
-        span.set_attribute("error.type", exc_type)
-        span.set_status(Status(StatusCode.ERROR, ids.cap(f"{exc_type}: {message}", limit)))
+        workers = {"dask.task.workers": list(dict.fromkeys(record.workers))}
+        errors.record_exception(
+            span,
+            error.get("exception"),
+            error.get("exception_text"),
+            error.get("traceback_text"),
+            limit,
+            timestamp=record.end_ns,
+            **(workers if record.workers else {}),
+        )
 
     # -- shutdown ---------------------------------------------------------------------------
 
@@ -325,7 +311,7 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         now = time_ns()
         for graph in list(self._graphs):
             graph.span.set_attribute("dask.graph.incomplete", True)
-            self._emitter.submit((graph, now))
+            self._emitter.submit(graph.span.end, now)
         self._graphs.clear()
         emitter, self._emitter = self._emitter, None
         timeout = self._settings.flush_timeout
@@ -337,3 +323,18 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
 def _drain(emitter: SpanEmitter, providers: telemetry.Providers, timeout: float) -> None:
     emitter.close(timeout / 2)
     telemetry.flush(providers, timeout / 2)
+
+
+def _dependency_links(dependencies: list[tuple[Any, Any]]) -> list[Link]:
+    """Links to the ``task`` spans of dependencies that dask-otel traced."""
+    links = []
+    for key, annotation in dependencies:
+        carrier = ids.decode(annotation)
+        if carrier is None:
+            continue  # not traced (scattered data, an untraced graph): no span to link
+        span_id = ids.task_span_id(carrier, ids.key_to_str(key))
+        context = trace.SpanContext(
+            carrier.trace_id, span_id, is_remote=False, trace_flags=carrier.trace_flags
+        )
+        links.append(Link(context, {"dask.link": "dependency"}))
+    return links

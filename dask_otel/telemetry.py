@@ -7,6 +7,7 @@ providers itself: it asks this module when it starts. The providers handed to
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,8 @@ from dask_otel.version import __version__
 
 #: Instrumentation scope of every span, metric and log record dask-otel makes.
 SCOPE = "dask_otel"
+#: Name of dask-otel's scheduler and worker plugins.
+PLUGIN_NAME = "dask-otel"
 
 _overrides: dict[str, Any] = {}
 
@@ -53,16 +56,30 @@ def is_configured() -> bool:
     )
 
 
-def flush(providers: Providers, timeout: float) -> None:
-    """Export what the providers hold, waiting at most about ``timeout`` seconds in all."""
+def flush(providers: Providers, timeout: float) -> bool:
+    """Export what the providers hold, waiting at most ``timeout`` seconds in all.
+
+    The SDK's ``force_flush`` can outlast its own timeout against a stalled collector
+    (the exporter's retries run to completion), so each provider flushes in a daemon
+    thread and the caller stops waiting at the deadline. True if all finished in time.
+    """
     deadline = time.monotonic() + timeout
+    threads = []
     for provider in (
         providers.tracer_provider,
         providers.logger_provider,
         providers.meter_provider,
     ):
         force_flush = getattr(provider, "force_flush", None)
-        remaining = deadline - time.monotonic()
-        if force_flush is None or remaining <= 0:
-            continue
-        force_flush(timeout_millis=int(remaining * 1000))
+        if force_flush is not None:
+            thread = threading.Thread(
+                target=force_flush,
+                kwargs={"timeout_millis": int(timeout * 1000)},
+                name="dask-otel-flush",
+                daemon=True,
+            )
+            thread.start()
+            threads.append(thread)
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return not any(thread.is_alive() for thread in threads)

@@ -20,6 +20,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from dask_otel import errors, ids, telemetry
 from dask_otel.activation import activate
+from dask_otel.telemetry import PLUGIN_NAME
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -30,27 +31,24 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-PLUGIN_NAME = "dask-otel"
-#: How long a starting worker waits for the scheduler's id (``dask.cluster.id``).
-IDENTITY_TIMEOUT = 5.0
+#: How long a worker keeps asking for the scheduler's id (``dask.cluster.id``).
+IDENTITY_TIMEOUT = 60.0
 
 
 class ExecuteTracer:
     """Replaces one worker's ``execute`` with a traced version of it."""
 
-    def __init__(
-        self, worker: Worker, tracer: trace.Tracer, settings: Settings, cluster_id: str | None
-    ) -> None:
+    def __init__(self, worker: Worker, tracer: trace.Tracer, settings: Settings) -> None:
         self.worker = worker
         self.tracer = tracer
         self.settings = settings
         self.original: Callable[..., Awaitable[Any]] = worker.execute
+        #: Attributes of every span; ``dask.cluster.id`` joins once the scheduler answers.
         self.static_attributes = {
             "dask.worker.address": worker.address,
             "dask.worker.name": ids.cap(str(worker.name), settings.max_attribute_length),
         }
-        if cluster_id:
-            self.static_attributes["dask.cluster.id"] = cluster_id
+        self._failed = False
 
     def install(self) -> None:
         self.worker.execute = self.execute  # type: ignore[method-assign]
@@ -65,19 +63,14 @@ class ExecuteTracer:
         carrier = ids.decode(annotations.get(ids.ANNOTATION)) if annotations else None
         if carrier is None or not carrier.trace_flags.sampled:
             return await self.original(key, stimulus_id=stimulus_id)
-        key_str = ids.key_to_str(key)
-        limit = self.settings.max_attribute_length
-        span = self.tracer.start_span(
-            f"execute {ts.prefix}",  # type: ignore[union-attr]
-            context=ids.task_context(carrier, key_str),
-            attributes={
-                **self.static_attributes,
-                "dask.task.key": ids.cap(key_str, limit),
-                "dask.task.prefix": ts.prefix,  # type: ignore[union-attr]
-                "dask.task.group": ids.cap(key_split_group(key), limit),
-            },
-        )
-        token = context.attach(trace.set_span_in_context(span))
+        try:
+            span = self._start(key, ts.prefix, carrier)  # type: ignore[union-attr]
+            token = context.attach(trace.set_span_in_context(span))
+        except Exception:
+            # Telemetry must never keep a task from running (a failing user
+            # SpanProcessor, say): run it untraced.
+            self._report_failure()
+            return await self.original(key, stimulus_id=stimulus_id)
         try:
             result = await self.original(key, stimulus_id=stimulus_id)
         except BaseException as e:
@@ -87,34 +80,57 @@ class ExecuteTracer:
             raise
         finally:
             context.detach(token)
-        self._describe(span, key, result)
-        span.end()
+        try:
+            self._finish(span, key, result)
+        except Exception:
+            self._report_failure()
         return result
 
-    def _describe(self, span: trace.Span, key: Any, result: Any) -> None:
+    def _start(self, key: Any, prefix: str, carrier: trace.SpanContext) -> trace.Span:
+        key_str = ids.key_to_str(key)
+        limit = self.settings.max_attribute_length
+        return self.tracer.start_span(
+            f"execute {prefix}",
+            context=ids.task_context(carrier, key_str),
+            attributes={
+                **self.static_attributes,
+                "dask.task.key": ids.cap(key_str, limit),
+                "dask.task.prefix": prefix,
+                "dask.task.group": ids.cap(key_split_group(key), limit),
+            },
+        )
+
+    def _report_failure(self) -> None:
+        if not self._failed:
+            self._failed = True
+            logger.exception("dask-otel: tracing a task failed; later failures are silent")
+
+    async def fetch_cluster_id(self) -> None:
+        """Learn the scheduler's id, off the worker's start-up path."""
+        try:
+            identity = await asyncio.wait_for(
+                self.worker.scheduler.identity(n_workers=0), IDENTITY_TIMEOUT
+            )
+        except Exception as e:
+            logger.warning("dask-otel: cannot read the scheduler's id, spans lack it: %r", e)
+            return
+        self.static_attributes["dask.cluster.id"] = identity["id"]
+
+    def _finish(self, span: trace.Span, key: Any, result: Any) -> None:
         thread = self.worker.threads.get(key)
         if thread is not None:
             span.set_attribute("thread.id", thread)
         if isinstance(result, RescheduleEvent):
             span.set_attribute("dask.task.rescheduled", True)
         elif isinstance(result, ExecuteFailureEvent):
-            record_failure(span, result, self.settings.max_attribute_length)
-
-
-def record_failure(span: trace.Span, failure: ExecuteFailureEvent, limit: int) -> None:
-    """ERROR status and an ``exception`` event from a failed attempt (never raises)."""
-    exc_type, message = errors.describe(failure.exception, failure.exception_text)
-    stacktrace = f"Traceback (most recent call last):\n{failure.traceback_text or ''}"
-    span.add_event(
-        "exception",
-        {
-            "exception.type": exc_type,
-            "exception.message": ids.cap(message, limit * 4),
-            "exception.stacktrace": ids.cap(f"{stacktrace}{exc_type}: {message}", limit * 16),
-        },
-    )
-    span.set_attribute("error.type", exc_type)
-    span.set_status(Status(StatusCode.ERROR, ids.cap(f"{exc_type}: {message}", limit)))
+            errors.record_exception(
+                span,
+                result.exception,
+                result.exception_text,
+                result.traceback_text,
+                self.settings.max_attribute_length,
+            )
+        span.end()
 
 
 class DaskOtelWorkerPlugin(WorkerPlugin):
@@ -138,26 +154,16 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
             return
         self._providers = telemetry.current()
         self._settings = settings
-        self._tracer = ExecuteTracer(
-            worker, self._providers.tracer(), settings, await _cluster_id(worker)
-        )
+        self._tracer = ExecuteTracer(worker, self._providers.tracer(), settings)
         self._tracer.install()
+        self._identity = asyncio.create_task(self._tracer.fetch_cluster_id())
 
     async def teardown(self, worker: Worker) -> None:
         if self._tracer is None:
             return
         self._tracer.uninstall()
         self._tracer = None
+        self._identity.cancel()
         await asyncio.get_running_loop().run_in_executor(
             None, telemetry.flush, self._providers, self._settings.flush_timeout
         )
-
-
-async def _cluster_id(worker: Worker) -> str | None:
-    """The scheduler's id, the ``dask.cluster.id`` every role reports."""
-    try:
-        identity = await asyncio.wait_for(worker.scheduler.identity(), IDENTITY_TIMEOUT)
-    except Exception as e:
-        logger.warning("dask-otel: cannot read the scheduler's id, spans lack it: %r", e)
-        return None
-    return identity.get("id")

@@ -15,6 +15,15 @@ TRACE_A = 0x0AF7651916CD43DD8448EB211C80319C
 TRACE_B = 0x4BF92F3577B34DA6A3CE929D0E0E4736
 
 
+def carrier_of(trace_id: int, span_id: int = 0x00F067AA0BA902B7) -> SpanContext:
+    """The context a task's annotation carries (the submitting span)."""
+    return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(1))
+
+
+CARRIER_A = carrier_of(TRACE_A)
+CARRIER_B = carrier_of(TRACE_B)
+
+
 # -- key_to_str / cap -----------------------------------------------------------------------
 
 
@@ -50,21 +59,27 @@ def test_cap():
 
 
 def test_task_span_id_is_deterministic():
-    assert ids.task_span_id(TRACE_A, "inc-1") == ids.task_span_id(TRACE_A, "inc-1")
+    assert ids.task_span_id(CARRIER_A, "inc-1") == ids.task_span_id(CARRIER_A, "inc-1")
+
+
+def test_task_span_id_differs_by_submitting_span_in_one_trace():
+    # The same key computed again by a later submission in the same trace: a new span.
+    again = carrier_of(TRACE_A, span_id=0x1)
+    assert ids.task_span_id(CARRIER_A, "inc-1") != ids.task_span_id(again, "inc-1")
 
 
 def test_task_span_id_differs_by_key_and_by_trace():
-    a1 = ids.task_span_id(TRACE_A, "inc-1")
-    assert a1 != ids.task_span_id(TRACE_A, "inc-2")
-    assert a1 != ids.task_span_id(TRACE_B, "inc-1")
+    a1 = ids.task_span_id(CARRIER_A, "inc-1")
+    assert a1 != ids.task_span_id(CARRIER_A, "inc-2")
+    assert a1 != ids.task_span_id(CARRIER_B, "inc-1")
     tuple_key = ids.key_to_str(("x", 1))
-    assert ids.task_span_id(TRACE_A, tuple_key) != ids.task_span_id(TRACE_A, "x")
+    assert ids.task_span_id(CARRIER_A, tuple_key) != ids.task_span_id(CARRIER_A, "x")
 
 
 @pytest.mark.parametrize("trace_id", [1, TRACE_A, TRACE_B, (1 << 128) - 1])
 def test_task_span_id_is_a_valid_64_bit_span_id(trace_id):
     keys = [f"task-{i}" for i in range(2000)] + ["", "\u00e9\u4e2d", "\ud800"]
-    span_ids = [ids.task_span_id(trace_id, key) for key in keys]
+    span_ids = [ids.task_span_id(carrier_of(trace_id), key) for key in keys]
     for span_id in span_ids:
         assert isinstance(span_id, int)
         assert 0 < span_id < 2**64
@@ -142,7 +157,7 @@ def test_task_context_parent_is_the_task_span(flags):
     ctx = ids.task_context(carrier, "inc-1")
     parent = trace.get_current_span(ctx).get_span_context()
     assert parent.trace_id == TRACE_A
-    assert parent.span_id == ids.task_span_id(TRACE_A, "inc-1")
+    assert parent.span_id == ids.task_span_id(carrier, "inc-1")
     assert parent.span_id != carrier.span_id
     assert parent.is_remote
     assert parent.trace_flags == carrier.trace_flags
@@ -163,7 +178,7 @@ def test_task_context_parents_real_spans():
         tracer.start_span("child", context=ids.task_context(carrier, "k")).end()
         (span,) = exporter.get_finished_spans()
         assert span.context.trace_id == TRACE_B
-        assert span.parent.span_id == ids.task_span_id(TRACE_B, "k")
+        assert span.parent.span_id == ids.task_span_id(carrier, "k")
     finally:
         provider.shutdown()
 
@@ -184,7 +199,7 @@ def test_span_id_setter_presets_one_span(sdk):
     provider, exporter = sdk
     tracer = provider.get_tracer("test-setter")
     setter = ids.SpanIdSetter(tracer)
-    wanted = ids.task_span_id(TRACE_A, "inc-1")
+    wanted = ids.task_span_id(CARRIER_A, "inc-1")
 
     setter.start_span(wanted, "preset").end()
     tracer.start_span("after").end()
