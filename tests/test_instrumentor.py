@@ -1,0 +1,61 @@
+"""The OpenTelemetry side of the package: entry points, the instruments extra, kill switch."""
+
+from __future__ import annotations
+
+from importlib.metadata import distribution, entry_points
+
+import pytest
+from conftest import flush_scheduler
+from distributed import Client, LocalCluster
+
+import dask_otel
+from dask_otel.package import _instruments
+
+
+def test_entry_points_are_registered():
+    (instrumentor,) = entry_points(group="opentelemetry_instrumentor", name="dask")
+    assert instrumentor.load() is dask_otel.DaskInstrumentor
+    (configurator,) = entry_points(group="opentelemetry_configurator", name="dask_otel")
+    assert configurator.load().__name__ == "DaskOtelConfigurator"
+
+
+def test_instruments_extra_names_the_supported_distributed_range():
+    requires = distribution("dask-otel").requires or []
+    extra = [r for r in requires if 'extra == "instruments"' in r]
+    assert extra and all(r.startswith("distributed>=2025.9.0") for r in extra)
+    assert _instruments == ("distributed >= 2025.9.0",)
+    assert dask_otel.DaskInstrumentor().instrumentation_dependencies() == _instruments
+
+
+def test_dashed_commands_are_installed():
+    scripts = {ep.name: ep.value for ep in entry_points(group="console_scripts")}
+    assert scripts["dask-worker"] == "dask_otel.cli:dask_worker"
+    assert scripts["dask-scheduler"] == "dask_otel.cli:dask_scheduler"
+
+
+@pytest.mark.parametrize("names", ["dask", "requests, dask ,flask"])
+def test_disabled_instrumentations_switch_dask_otel_off(telemetry, monkeypatch, names):
+    monkeypatch.setenv("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", names)
+    with (
+        LocalCluster(n_workers=1, processes=False, dashboard_address="127.0.0.1:0") as cluster,
+        Client(cluster) as client,
+    ):
+        assert client.submit(sum, [1, 2]).result() == 3
+        flush_scheduler(client)
+    assert telemetry.spans() == []
+
+
+def test_other_disabled_instrumentations_leave_dask_otel_on(telemetry, monkeypatch):
+    monkeypatch.setenv("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", "requests,daskish")
+    with (
+        LocalCluster(n_workers=1, processes=False, dashboard_address="127.0.0.1:0") as cluster,
+        Client(cluster) as client,
+    ):
+        assert client.submit(sum, [1, 2]).result() == 3
+        flush_scheduler(client)
+    assert {s.name for s in telemetry.spans()} == {
+        "compute sum",
+        "graph",
+        "task sum",
+        "execute sum",
+    }
