@@ -19,7 +19,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from dask_otel import errors, ids, telemetry
+from dask_otel import errors, ids, metrics, telemetry
 from dask_otel.activation import activate
 from dask_otel.emitter import SpanEmitter
 from dask_otel.telemetry import PLUGIN_NAME
@@ -120,6 +120,7 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         self._ids = ids.SpanIdSetter(tracer)
         self._cluster_id = scheduler.id
         self._emitter = SpanEmitter(name="dask-otel-scheduler-spans")
+        metrics.observe_scheduler(self._providers.meter_provider, scheduler)
 
     # -- graphs -------------------------------------------------------------------------
 
@@ -308,6 +309,7 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         if self._emitter is None:
             return
         self._tasks = {}  # stop recording: transitions from now on find no record
+        metrics.forget(self._providers.meter_provider, self._scheduler)
         now = time_ns()
         for graph in list(self._graphs):
             graph.span.set_attribute("dask.graph.incomplete", True)

@@ -14,11 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.utils import key_split_group
-from distributed.worker_state_machine import ExecuteFailureEvent, RescheduleEvent
+from distributed.worker_state_machine import (
+    ExecuteFailureEvent,
+    ExecuteSuccessEvent,
+    RescheduleEvent,
+)
 from opentelemetry import context, trace
 from opentelemetry.trace import Status, StatusCode
 
-from dask_otel import errors, ids, telemetry
+from dask_otel import errors, ids, metrics, telemetry
 from dask_otel.activation import activate
 from dask_otel.telemetry import PLUGIN_NAME
 
@@ -38,9 +42,12 @@ IDENTITY_TIMEOUT = 60.0
 class ExecuteTracer:
     """Replaces one worker's ``execute`` with a traced version of it."""
 
-    def __init__(self, worker: Worker, tracer: trace.Tracer, settings: Settings) -> None:
+    def __init__(
+        self, worker: Worker, tracer: trace.Tracer, task_duration: Any, settings: Settings
+    ) -> None:
         self.worker = worker
         self.tracer = tracer
+        self.task_duration = task_duration
         self.settings = settings
         self.original: Callable[..., Awaitable[Any]] = worker.execute
         #: Attributes of every span; ``dask.cluster.id`` joins once the scheduler answers.
@@ -62,9 +69,18 @@ class ExecuteTracer:
         annotations = ts.annotations if ts is not None else None
         carrier = ids.decode(annotations.get(ids.ANNOTATION)) if annotations else None
         if carrier is None or not carrier.trace_flags.sampled:
-            return await self.original(key, stimulus_id=stimulus_id)
+            result = await self.original(key, stimulus_id=stimulus_id)
+        else:
+            result = await self._execute_traced(key, ts.prefix, carrier, stimulus_id)  # type: ignore[union-attr]
+        if ts is not None and isinstance(result, (ExecuteSuccessEvent, ExecuteFailureEvent)):
+            self._record_duration(ts.prefix, result)
+        return result
+
+    async def _execute_traced(
+        self, key: Any, prefix: str, carrier: trace.SpanContext, stimulus_id: str
+    ) -> Any:
         try:
-            span = self._start(key, ts.prefix, carrier)  # type: ignore[union-attr]
+            span = self._start(key, prefix, carrier)
             token = context.attach(trace.set_span_in_context(span))
         except Exception:
             # Telemetry must never keep a task from running (a failing user
@@ -99,6 +115,23 @@ class ExecuteTracer:
                 "dask.task.group": ids.cap(key_split_group(key), limit),
             },
         )
+
+    def _record_duration(self, prefix: str, result: Any) -> None:
+        """One ``dask.task.duration`` point per attempt, traced or not (Dask's timings)."""
+        if result.start is None or result.stop is None:
+            return
+        outcome = "success" if isinstance(result, ExecuteSuccessEvent) else "error"
+        try:
+            self.task_duration.record(
+                max(0.0, result.stop - result.start),
+                {
+                    **self.static_attributes,
+                    "dask.task.prefix": prefix,
+                    "dask.task.outcome": outcome,
+                },
+            )
+        except Exception:
+            self._report_failure()
 
     def _report_failure(self) -> None:
         if not self._failed:
@@ -154,8 +187,11 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
             return
         self._providers = telemetry.current()
         self._settings = settings
-        self._tracer = ExecuteTracer(worker, self._providers.tracer(), settings)
+        meter_provider = self._providers.meter_provider
+        task_duration = metrics.sources(meter_provider).task_duration
+        self._tracer = ExecuteTracer(worker, self._providers.tracer(), task_duration, settings)
         self._tracer.install()
+        metrics.observe_worker(meter_provider, worker, self._tracer.static_attributes)
         self._identity = asyncio.create_task(self._tracer.fetch_cluster_id())
 
     async def teardown(self, worker: Worker) -> None:
@@ -163,6 +199,7 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
             return
         self._tracer.uninstall()
         self._tracer = None
+        metrics.forget(self._providers.meter_provider, worker)
         self._identity.cancel()
         await asyncio.get_running_loop().run_in_executor(
             None, telemetry.flush, self._providers, self._settings.flush_timeout

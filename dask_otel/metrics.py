@@ -1,0 +1,355 @@
+"""Dask's metrics as OpenTelemetry instruments, read in observable callbacks.
+
+Everything Dask's Prometheus collectors expose (and its fine performance metrics) is read
+on the SDK's metric thread, when a reader collects: nothing is added to the scheduler's
+or the worker's hot path. Callbacks only take atomic snapshots (``list(d.items())``,
+``dict(d)``: single C calls under the GIL) of Dask's live dicts, never iterate them.
+The one instrument recorded inline is ``dask.task.duration``, a histogram per attempt on
+the worker. ``dask.task.prefix`` is the only task-derived attribute.
+
+:data:`INSTRUMENTS` is the catalog (README and the Grafana dashboard are checked against
+it); each meter provider gets one set of instruments, fed by every scheduler and worker
+registered with it in this process.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from time import time
+from typing import Any
+
+from opentelemetry import metrics
+from opentelemetry.metrics import CallbackOptions, Observation
+
+from dask_otel.telemetry import SCOPE
+from dask_otel.version import __version__
+
+Attributes = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Instrument:
+    kind: str  # "counter" (observable, monotonic), "gauge" (observable) or "histogram"
+    unit: str
+    description: str
+    attributes: tuple[str, ...] = ()
+
+
+#: Every instrument dask-otel creates: name -> kind, UCUM unit, description and the
+#: attributes its points carry besides ``dask.cluster.id`` (and, on worker metrics,
+#: ``dask.worker.address`` and ``dask.worker.name``).
+INSTRUMENTS: dict[str, Instrument] = {
+    # -- scheduler -----------------------------------------------------------------------
+    "dask.scheduler.clients": Instrument("gauge", "{client}", "Clients connected"),
+    "dask.scheduler.client.connections": Instrument(
+        "counter", "{connection}", "Client connections added and removed", ("dask.change",)
+    ),
+    "dask.scheduler.workers": Instrument(
+        "gauge", "{worker}", "Workers by state", ("dask.worker.state",)
+    ),
+    "dask.scheduler.worker.changes": Instrument(
+        "counter", "{worker}", "Workers added and removed", ("dask.change",)
+    ),
+    "dask.scheduler.workers.desired": Instrument(
+        "gauge", "{worker}", "Workers the scheduler wants for its current load (adaptive)"
+    ),
+    "dask.scheduler.tasks": Instrument(
+        "gauge", "{task}", "Tasks known to the scheduler by state", ("dask.task.state",)
+    ),
+    "dask.scheduler.tasks.forgotten": Instrument(
+        "counter", "{task}", "Tasks processed and forgotten"
+    ),
+    "dask.scheduler.tasks.suspicious": Instrument(
+        "counter", "{task}", "Times a task was on a worker that died", ("dask.task.prefix",)
+    ),
+    "dask.scheduler.task_groups": Instrument("gauge", "{group}", "Task groups known"),
+    "dask.scheduler.event_loop.ticks": Instrument("counter", "{tick}", "Event-loop ticks"),
+    "dask.scheduler.event_loop.tick.max_duration": Instrument(
+        "gauge", "s", "Longest event-loop tick since the previous collection"
+    ),
+    "dask.scheduler.gc.time": Instrument("counter", "s", "Time spent in garbage collection"),
+    "dask.task.compute.time": Instrument(
+        "counter", "s", "Compute time of finished tasks", ("dask.task.prefix",)
+    ),
+    "dask.task.transfer.time": Instrument(
+        "counter", "s", "Time spent moving tasks' inputs between workers", ("dask.task.prefix",)
+    ),
+    "dask.task.output.size": Instrument(
+        "gauge", "By", "Bytes of task results in memory (no duplicates)", ("dask.task.prefix",)
+    ),
+    "dask.task.finished": Instrument(
+        "counter",
+        "{task}",
+        "Tasks that reached a final state",
+        ("dask.task.prefix", "dask.task.state"),
+    ),
+    # -- worker ------------------------------------------------------------------------
+    "dask.worker.tasks": Instrument(
+        "gauge", "{task}", "Tasks on the worker by state", ("dask.task.state",)
+    ),
+    "dask.worker.threads": Instrument("gauge", "{thread}", "Threads running tasks"),
+    "dask.worker.latency": Instrument("gauge", "s", "Heartbeat round trip to the scheduler"),
+    "dask.worker.memory": Instrument(
+        "gauge", "By", "Worker memory: managed, unmanaged, spilled", ("dask.memory.type",)
+    ),
+    "dask.worker.transfer.active.size": Instrument(
+        "gauge", "By", "Bytes of open transfers", ("dask.transfer.direction",)
+    ),
+    "dask.worker.transfer.active.count": Instrument(
+        "gauge", "{transfer}", "Open transfers", ("dask.transfer.direction",)
+    ),
+    "dask.worker.transfer.count": Instrument(
+        "counter", "{transfer}", "Transfers since the worker started", ("dask.transfer.direction",)
+    ),
+    "dask.worker.transfer.size": Instrument(
+        "counter", "By", "Bytes sent to other workers", ("dask.transfer.direction",)
+    ),
+    "dask.worker.spill.size": Instrument(
+        "counter", "By", "Bytes moved by spilling and unspilling", ("dask.spill.activity",)
+    ),
+    "dask.worker.spill.count": Instrument(
+        "counter", "{key}", "Keys moved by spilling and unspilling", ("dask.spill.activity",)
+    ),
+    "dask.worker.spill.time": Instrument(
+        "counter", "s", "Time spent spilling and unspilling", ("dask.spill.activity",)
+    ),
+    "dask.worker.event_loop.ticks": Instrument("counter", "{tick}", "Event-loop ticks"),
+    "dask.worker.event_loop.tick.max_duration": Instrument(
+        "gauge", "s", "Longest event-loop tick since the previous collection"
+    ),
+    "dask.worker.gc.time": Instrument("counter", "s", "Time spent in garbage collection"),
+    "dask.worker.activity.time": Instrument(
+        "counter",
+        "s",
+        "Dask's fine performance metrics: time by context and activity",
+        ("dask.metric.context", "dask.task.prefix", "dask.activity"),
+    ),
+    "dask.worker.activity.size": Instrument(
+        "counter",
+        "By",
+        "Dask's fine performance metrics: bytes by context and activity",
+        ("dask.metric.context", "dask.task.prefix", "dask.activity"),
+    ),
+    "dask.task.duration": Instrument(
+        "histogram",
+        "s",
+        "Run time of one task attempt on a worker",
+        ("dask.task.prefix", "dask.task.outcome"),
+    ),
+}
+
+#: Bucket boundaries (seconds) for task durations: 1 ms to 1 h.
+DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600)
+
+Observer = Callable[[Any, Attributes], Iterator[tuple[str, float, Attributes]]]
+
+
+def _tick_max(server: Any) -> float:
+    """Longest tick since the last read (as Dask's Prometheus collectors report it)."""
+    longest = server.digests_max.pop("tick_duration", 0)
+    return max(longest, time() - server._last_tick)
+
+
+def _observe_scheduler(s: Any, base: Attributes) -> Iterator[tuple[str, float, Attributes]]:
+    yield (
+        "dask.scheduler.clients",
+        len([c for c in list(s.clients) if c != "fire-and-forget"]),
+        base,
+    )
+    conn = "dask.scheduler.client.connections"
+    yield conn, s._client_connections_added_total, {**base, "dask.change": "added"}
+    yield conn, s._client_connections_removed_total, {**base, "dask.change": "removed"}
+    workers = list(s.workers.values())
+    paused = sum(1 for ws in workers if ws.status.name == "paused")
+    running, idle, saturated = len(s.running), len(s.idle), len(s.saturated)
+    by_state = {
+        "idle": idle,
+        "partially_saturated": running - idle - saturated,
+        "saturated": saturated,
+        "paused": paused,
+        "retiring": len(workers) - paused - running,
+    }
+    for state, count in by_state.items():
+        yield "dask.scheduler.workers", count, {**base, "dask.worker.state": state}
+    changes = "dask.scheduler.worker.changes"
+    yield changes, s._workers_added_total, {**base, "dask.change": "added"}
+    yield changes, s._workers_removed_total, {**base, "dask.change": "removed"}
+    yield "dask.scheduler.workers.desired", s.adaptive_target(), base
+    yield "dask.scheduler.task_groups", len(s.task_groups), base
+    totals: dict[str, int] = {}
+    for tp in list(s.task_prefixes.values()):
+        prefix = {**base, "dask.task.prefix": tp.name}
+        for state, count in dict(tp.states).items():
+            totals[state] = totals.get(state, 0) + count
+        yield "dask.scheduler.tasks.suspicious", tp.suspicious, prefix
+        durations = dict(tp.all_durations)
+        yield "dask.task.compute.time", durations.get("compute", 0.0), prefix
+        yield "dask.task.transfer.time", durations.get("transfer", 0.0), prefix
+        yield "dask.task.output.size", tp.nbytes_total, prefix
+        counts = dict(tp.state_counts)
+        for state in ("memory", "erred"):
+            yield "dask.task.finished", counts.get(state, 0), {**prefix, "dask.task.state": state}
+    yield "dask.scheduler.tasks.forgotten", totals.pop("forgotten", 0), base
+    for state, count in totals.items():
+        yield "dask.scheduler.tasks", count, {**base, "dask.task.state": state}
+    yield from _observe_server(s, "dask.scheduler", base)
+
+
+def _observe_server(
+    server: Any, ns: str, base: Attributes
+) -> Iterator[tuple[str, float, Attributes]]:
+    """What schedulers and workers both have: event loop and garbage collection."""
+    from distributed.gc import gc_collect_duration
+
+    yield f"{ns}.event_loop.ticks", server._tick_counter, base
+    yield f"{ns}.event_loop.tick.max_duration", _tick_max(server), base
+    yield f"{ns}.gc.time", gc_collect_duration(), base
+
+
+def _fine_performance_metrics(
+    digests: dict[Any, float], base: Attributes
+) -> Iterator[tuple[str, float, Attributes]]:
+    """Dask's per-activity timings: keys (context, [span id,] [prefix,] activity, unit).
+
+    Dask's span ids are dropped (unbounded); values that differ only by them are summed.
+    """
+    names = {"seconds": "time", "bytes": "size"}
+    totals: dict[tuple[str, str, str | None, str], float] = {}
+    for key, value in list(digests.items()):
+        if not isinstance(key, tuple) or len(key) < 3 or key[-1] not in names:
+            continue
+        prefix = str(key[-3]) if len(key) >= 4 else None
+        group = (names[key[-1]], str(key[0]), prefix, str(key[-2]))
+        totals[group] = totals.get(group, 0.0) + value
+    for (name, context, prefix, activity), value in totals.items():
+        attributes = {**base, "dask.metric.context": context, "dask.activity": activity}
+        if prefix is not None:
+            attributes["dask.task.prefix"] = prefix
+        yield f"dask.worker.activity.{name}", value, attributes
+
+
+def _observe_worker(w: Any, base: Attributes) -> Iterator[tuple[str, float, Attributes]]:
+    state = w.state
+    counts = dict(state.task_counter.current_count(by_prefix=False))
+    slow = getattr(w.data, "slow", None)
+    if "memory" in counts and slow is not None:
+        spilled = len(slow)
+        counts["memory"] -= spilled
+        counts["disk"] = spilled
+    for task_state, count in counts.items():
+        yield "dask.worker.tasks", count, {**base, "dask.task.state": task_state}
+    yield "dask.worker.threads", state.nthreads, base
+    yield "dask.worker.latency", w.latency, base
+    spilled_memory, spilled_disk = getattr(w.data, "spilled_total", (0, 0))
+    process = w.monitor.get_process_memory()
+    managed = min(process, state.nbytes - spilled_memory)
+    memory = {"managed": managed, "unmanaged": process - managed, "spilled": spilled_disk}
+    for kind, value in memory.items():
+        yield "dask.worker.memory", value, {**base, "dask.memory.type": kind}
+    incoming = {**base, "dask.transfer.direction": "incoming"}
+    outgoing = {**base, "dask.transfer.direction": "outgoing"}
+    yield "dask.worker.transfer.active.size", state.transfer_incoming_bytes, incoming
+    yield "dask.worker.transfer.active.size", w.transfer_outgoing_bytes, outgoing
+    yield "dask.worker.transfer.active.count", state.transfer_incoming_count, incoming
+    yield "dask.worker.transfer.active.count", w.transfer_outgoing_count, outgoing
+    yield "dask.worker.transfer.count", state.transfer_incoming_count_total, incoming
+    yield "dask.worker.transfer.count", w.transfer_outgoing_count_total, outgoing
+    yield "dask.worker.transfer.size", w.transfer_outgoing_bytes_total, outgoing
+    spill_names = {"bytes": "size", "count": "count", "seconds": "time"}
+    for (activity, unit), value in list(getattr(w.data, "cumulative_metrics", {}).items()):
+        name = spill_names.get(unit)
+        if name:
+            yield f"dask.worker.spill.{name}", value, {**base, "dask.spill.activity": activity}
+    yield from _fine_performance_metrics(w.digests_total, base)
+    yield from _observe_server(w, "dask.worker", base)
+
+
+class _Sources:
+    """The servers feeding one meter provider's instruments, read on the metric thread."""
+
+    def __init__(self, meter: metrics.Meter) -> None:
+        self._lock = threading.Lock()
+        self._servers: dict[int, tuple[Any, Observer, Attributes]] = {}
+        self._cache: dict[str, list[Observation]] = {}
+        self._generation = -1
+        for name, spec in INSTRUMENTS.items():
+            if spec.kind == "histogram":
+                continue
+            create = (
+                meter.create_observable_counter
+                if spec.kind == "counter"
+                else meter.create_observable_gauge
+            )
+            create(
+                name, callbacks=[self._callback(name)], unit=spec.unit, description=spec.description
+            )
+        self.task_duration = meter.create_histogram(
+            "dask.task.duration",
+            unit="s",
+            description=INSTRUMENTS["dask.task.duration"].description,
+            explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS),
+        )
+
+    def add(self, server: Any, observe: Observer, attributes: Attributes) -> None:
+        with self._lock:
+            self._servers[id(server)] = (weakref.proxy(server), observe, attributes)
+
+    def remove(self, server: Any) -> None:
+        with self._lock:
+            self._servers.pop(id(server), None)
+
+    def _callback(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def callback(options: CallbackOptions) -> Iterable[Observation]:
+            return self._observations().get(name, [])
+
+        return callback
+
+    def _observations(self) -> dict[str, list[Observation]]:
+        """All points of one collection, read once: the first callback reads every server."""
+        with self._lock:
+            # One collection calls every callback in turn within a few milliseconds;
+            # reading the servers once per 0.5 s serves all of them.
+            now = int(time() * 2)
+            if now == self._generation:
+                return self._cache
+            points: dict[str, list[Observation]] = {}
+            for server, observe, attributes in list(self._servers.values()):
+                try:
+                    for name, value, attrs in observe(server, attributes):
+                        points.setdefault(name, []).append(Observation(value, attrs))
+                except (ReferenceError, AttributeError, KeyError, RuntimeError, ValueError):
+                    continue  # the server closed (or changed shape) while we read it
+            self._cache, self._generation = points, now
+            return points
+
+
+_sources: weakref.WeakKeyDictionary[Any, _Sources] = weakref.WeakKeyDictionary()
+_sources_lock = threading.Lock()
+
+
+def sources(meter_provider: metrics.MeterProvider) -> _Sources:
+    """The instruments of ``meter_provider`` (created on first use)."""
+    with _sources_lock:
+        found = _sources.get(meter_provider)
+        if found is None:
+            found = _Sources(meter_provider.get_meter(SCOPE, __version__))
+            _sources[meter_provider] = found
+        return found
+
+
+def observe_scheduler(meter_provider: metrics.MeterProvider, scheduler: Any) -> None:
+    sources(meter_provider).add(scheduler, _observe_scheduler, {"dask.cluster.id": scheduler.id})
+
+
+def observe_worker(
+    meter_provider: metrics.MeterProvider, worker: Any, attributes: Attributes
+) -> None:
+    """Report ``worker``'s metrics with ``attributes`` (a dict the caller may fill later)."""
+    sources(meter_provider).add(worker, _observe_worker, attributes)
+
+
+def forget(meter_provider: metrics.MeterProvider, server: Any) -> None:
+    sources(meter_provider).remove(server)
