@@ -45,5 +45,8 @@ def activate(role: str) -> Settings | None:
                 e,
             )
         return None
-    logs.install(telemetry.current().logger_provider)
+    if settings.logs_enabled:
+        logs.install(
+            telemetry.current().logger_provider, settings.logs_loggers, settings.logs_level
+        )
     return settings

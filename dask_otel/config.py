@@ -7,6 +7,7 @@ variables and ``dask.config.set({"otel.task.max-events": 32})``.
 
 from __future__ import annotations
 
+import logging
 import pathlib
 from dataclasses import dataclass
 
@@ -32,6 +33,9 @@ class Settings:
     max_task_events: int
     max_task_links: int
     flush_timeout: float
+    logs_enabled: bool
+    logs_level: int
+    logs_loggers: tuple[str, ...]
 
 
 def _get(key: str) -> object:
@@ -67,6 +71,23 @@ def _seconds(key: str) -> float:
     return seconds
 
 
+def _level(key: str) -> int:
+    value = _get(key)
+    level = logging.getLevelName(str(value).upper()) if isinstance(value, str) else value
+    if isinstance(level, bool) or not isinstance(level, int):
+        raise ConfigError(
+            f"otel.{key} must be a logging level such as INFO or WARNING, got {value!r}"
+        )
+    return level
+
+
+def _names(key: str) -> tuple[str, ...]:
+    value = _get(key)
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"otel.{key} must be a list of logger names, got {value!r}")
+    return tuple(value)
+
+
 def load_settings() -> Settings:
     """Read and validate the current ``otel:`` config; raises :class:`ConfigError`."""
     return Settings(
@@ -75,4 +96,7 @@ def load_settings() -> Settings:
         max_task_events=_count("task.max-events", 0),
         max_task_links=_count("task.max-links", 0),
         flush_timeout=_seconds("flush-timeout"),
+        logs_enabled=_bool("logs.enabled"),
+        logs_level=_level("logs.level"),
+        logs_loggers=_names("logs.loggers"),
     )

@@ -1,65 +1,128 @@
 """Bridge Python logging, Dask's own loggers included, to OpenTelemetry logs.
 
-A record made while a span is current (user code inside ``execute``) carries that span's
-trace and span ids. ``distributed`` stops its loggers from propagating to the root when
-it installs its own stderr handler, so the bridge also attaches to the ``distributed``
-logger in that case; Dask's stderr output stays as it is. A record is exported once,
-whichever loggers it passes.
+A record made while a span is current (user code inside ``execute``, Dask's own
+"Compute Failed") carries that span's trace and span ids. ``distributed`` stops its
+loggers from propagating to the root when it installs its own stderr handler, so the
+bridge also attaches to the ``distributed`` logger then; Dask's stderr output stays as it
+is. Every exporting handler (ours, or the one ``opentelemetry-instrumentation-logging``
+put on the root) gets :class:`DaskRecordFilter`: each record is exported once, stamped
+with the cluster, worker and task it came from.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 
+from distributed.worker import thread_state
 from opentelemetry._logs import LoggerProvider
 from opentelemetry.instrumentation.logging.handler import LoggingHandler
 
+from dask_otel import ids
+
 _EXPORTED = "_dask_otel_exported"
+#: Exception type at the start of Dask's exception text, e.g. ``ValueError('x')``.
+_EXCEPTION_TYPE = re.compile(r"([A-Za-z_][\w.]*)")
+
+#: Identity of this process, added to every exported record (filled by the plugins).
+identity: dict[str, str] = {}
+_workers: set[str] = set()
 
 
-class _OnceFilter(logging.Filter):
+def add_worker(address: str) -> None:
+    """Name the worker on this process's records (unless several share the process)."""
+    _workers.add(address)
+    _name_worker()
+
+
+def remove_worker(address: str) -> None:
+    _workers.discard(address)
+    _name_worker()
+
+
+def _name_worker() -> None:
+    if len(_workers) == 1:
+        identity["dask.worker.address"] = next(iter(_workers))
+    else:
+        identity.pop("dask.worker.address", None)
+
+
+class DaskRecordFilter(logging.Filter):
+    """Export a record once, with ``dask.*`` identity and, for task failures, the error."""
+
+    def __init__(self, max_length: int = 256) -> None:
+        super().__init__()
+        self.max_length = max_length
+
     def filter(self, record: logging.LogRecord) -> bool:
         if getattr(record, _EXPORTED, False):
             return False
         setattr(record, _EXPORTED, True)
+        fields = record.__dict__
+        fields.update(identity)
+        key = getattr(thread_state, "key", None)  # set while a task runs in this thread
+        if key is not None:
+            fields["dask.task.key"] = ids.cap(ids.key_to_str(key), self.max_length)
+            worker = getattr(thread_state, "execution_state", {}).get("worker")
+            if worker is not None:
+                fields["dask.worker.address"] = worker.address
+        if record.name == "distributed.worker" and str(record.msg).startswith("Compute Failed"):
+            self._describe_failure(record)
         return True
 
+    def _describe_failure(self, record: logging.LogRecord) -> None:
+        """Dask's "Compute Failed" record, with the exception as semantic attributes."""
+        args = record.args if isinstance(record.args, tuple) else ()
+        if len(args) < 5:
+            return
+        key, _, _, exception_text, traceback_text = args[:5]
+        text = str(exception_text)
+        match = _EXCEPTION_TYPE.match(text.strip("'\""))
+        record.__dict__.update(
+            {
+                "dask.task.key": ids.cap(ids.key_to_str(key), self.max_length),
+                "exception.type": match.group(1) if match else "Exception",
+                "exception.message": ids.cap(text, self.max_length * 4),
+                "exception.stacktrace": ids.cap(str(traceback_text), self.max_length * 16),
+            }
+        )
 
-class DaskLoggingHandler(LoggingHandler):
-    """The OpenTelemetry logging handler, exporting each record at most once."""
 
-    def __init__(self, logger_provider: LoggerProvider) -> None:
-        super().__init__(logger_provider=logger_provider)
-        self.addFilter(_OnceFilter())
+_handler: LoggingHandler | None = None
+_attached: list[tuple[logging.Logger, logging.Handler, bool]] = []
+_filter = DaskRecordFilter()
 
 
-_handler: DaskLoggingHandler | None = None
-_attached: list[logging.Logger] = []
+def _otel_handler(logger: logging.Logger) -> logging.Handler | None:
+    for handler in logger.handlers:
+        if type(handler).__name__.endswith("LoggingHandler"):
+            return handler
+    return None
 
 
-def _has_otel_handler(logger: logging.Logger) -> bool:
-    return any(type(h).__name__.endswith("LoggingHandler") for h in logger.handlers)
-
-
-def install(logger_provider: LoggerProvider) -> None:
-    """Attach the bridge where records would otherwise not reach an OTel handler."""
+def install(logger_provider: LoggerProvider, loggers: tuple[str, ...], level: int) -> None:
+    """Export records of ``loggers`` ("" is the root) at ``level`` and above."""
     global _handler
     if _handler is not None:
         return
-    _handler = DaskLoggingHandler(logger_provider)
-    root = logging.getLogger()
-    distributed_logger = logging.getLogger("distributed")
-    if not _has_otel_handler(root):
-        root.addHandler(_handler)
-        _attached.append(root)
-    if not distributed_logger.propagate and not _has_otel_handler(distributed_logger):
-        distributed_logger.addHandler(_handler)
-        _attached.append(distributed_logger)
+    _handler = LoggingHandler(level=level, logger_provider=logger_provider)
+    for name in loggers:
+        logger = logging.getLogger(name or None)
+        if name and logger.propagate and "" in loggers:
+            continue  # the root's handler sees its records
+        existing = _otel_handler(logger)
+        handler = existing or _handler
+        handler.addFilter(_filter)
+        if existing is None:
+            logger.addHandler(handler)
+        _attached.append((logger, handler, existing is None))
 
 
 def uninstall() -> None:
     global _handler
-    for logger in _attached:
-        logger.removeHandler(_handler)  # type: ignore[arg-type]
+    for logger, handler, added in _attached:
+        handler.removeFilter(_filter)
+        if added:
+            logger.removeHandler(handler)
     _attached.clear()
     _handler = None

@@ -19,7 +19,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from dask_otel import errors, ids, metrics, telemetry
+from dask_otel import errors, events, ids, logs, metrics, telemetry
 from dask_otel.activation import activate
 from dask_otel.emitter import SpanEmitter
 from dask_otel.telemetry import PLUGIN_NAME
@@ -121,6 +121,10 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         self._cluster_id = scheduler.id
         self._emitter = SpanEmitter(name="dask-otel-scheduler-spans")
         metrics.observe_scheduler(self._providers.meter_provider, scheduler)
+        self._events = events.EventExporter(
+            self._providers.logger_provider, self._cluster_id, settings.max_attribute_length
+        )
+        logs.identity["dask.cluster.id"] = self._cluster_id
 
     # -- graphs -------------------------------------------------------------------------
 
@@ -181,6 +185,21 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
             self._graphs.add(graph)
         else:
             span.end(now)
+
+    # -- structured events ----------------------------------------------------------------
+
+    def log_event(self, topic: str, msg: Any) -> None:
+        if self._emitter is None:
+            return
+        # Dask publishes one event under several topics (``all`` and a worker's address)
+        # in one loop: gather them, export once from the background thread.
+        if self._events.add(topic, msg):
+            asyncio.get_running_loop().call_soon(self._flush_event)
+
+    def _flush_event(self) -> None:
+        event = self._events.take()
+        if event is not None and self._emitter is not None:
+            self._emitter.submit(self._events.emit, *event)
 
     # -- tasks (hot path) -----------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from distributed.worker_state_machine import (
 from opentelemetry import context, trace
 from opentelemetry.trace import Status, StatusCode
 
-from dask_otel import errors, ids, metrics, telemetry
+from dask_otel import errors, ids, logs, metrics, telemetry
 from dask_otel.activation import activate
 from dask_otel.telemetry import PLUGIN_NAME
 
@@ -148,6 +148,7 @@ class ExecuteTracer:
             logger.warning("dask-otel: cannot read the scheduler's id, spans lack it: %r", e)
             return
         self.static_attributes["dask.cluster.id"] = identity["id"]
+        logs.identity["dask.cluster.id"] = identity["id"]
 
     def _finish(self, span: trace.Span, key: Any, result: Any) -> None:
         thread = self.worker.threads.get(key)
@@ -192,6 +193,7 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
         self._tracer = ExecuteTracer(worker, self._providers.tracer(), task_duration, settings)
         self._tracer.install()
         metrics.observe_worker(meter_provider, worker, self._tracer.static_attributes)
+        logs.add_worker(worker.address)
         self._identity = asyncio.create_task(self._tracer.fetch_cluster_id())
 
     async def teardown(self, worker: Worker) -> None:
@@ -200,6 +202,7 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
         self._tracer.uninstall()
         self._tracer = None
         metrics.forget(self._providers.meter_provider, worker)
+        logs.remove_worker(worker.address)
         self._identity.cancel()
         await asyncio.get_running_loop().run_in_executor(
             None, telemetry.flush, self._providers, self._settings.flush_timeout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import subprocess
 import sys
@@ -21,6 +22,9 @@ def test_defaults():
         max_task_events=16,
         max_task_links=8,
         flush_timeout=5.0,
+        logs_enabled=True,
+        logs_level=logging.INFO,
+        logs_loggers=("", "distributed"),
     )
     # The defaults are part of dask.config, where every Dask way of setting config works.
     assert dask.config.get("otel.task.max-events") == 16
@@ -35,6 +39,9 @@ def test_values_set_through_dask_config():
             "otel.task.max-events": 0,
             "otel.task.max-links": 3,
             "otel.flush-timeout": "250ms",
+            "otel.logs.enabled": False,
+            "otel.logs.level": "warning",
+            "otel.logs.loggers": ["distributed"],
         }
     ):
         settings = load_settings()
@@ -44,6 +51,9 @@ def test_values_set_through_dask_config():
         max_task_events=0,
         max_task_links=3,
         flush_timeout=0.25,
+        logs_enabled=False,
+        logs_level=logging.WARNING,
+        logs_loggers=("distributed",),
     )
     with dask.config.set({"otel.enabled": "true", "otel.flush-timeout": 2.5}):
         settings = load_settings()
@@ -64,6 +74,11 @@ def test_values_set_through_dask_config():
         ("otel.task.max-events", True),
         ("otel.task.max-links", "x"),
         ("otel.task.max-links", -3),
+        ("otel.logs.enabled", "yes"),
+        ("otel.logs.level", "LOUD"),
+        ("otel.logs.level", 2.5),
+        ("otel.logs.loggers", "distributed"),
+        ("otel.logs.loggers", ["distributed", 3]),
         ("otel.flush-timeout", "soon"),
         ("otel.flush-timeout", -1),
         ("otel.flush-timeout", None),
