@@ -296,10 +296,12 @@ class _Sources:
     def add(self, server: Any, observe: Observer, attributes: Attributes) -> None:
         with self._lock:
             self._servers[id(server)] = (weakref.proxy(server), observe, attributes)
+            self._generation = -1
 
     def remove(self, server: Any) -> None:
         with self._lock:
             self._servers.pop(id(server), None)
+            self._generation = -1
 
     def _callback(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def callback(options: CallbackOptions) -> Iterable[Observation]:

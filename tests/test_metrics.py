@@ -1,0 +1,81 @@
+"""Metrics: Dask's own numbers as OpenTelemetry instruments, read by a real SDK reader."""
+
+from __future__ import annotations
+
+import dask.array as da
+from distributed import Client, LocalCluster
+
+from dask_otel.metrics import INSTRUMENTS
+
+#: Instruments that need something this workload does not do.
+NOT_EXERCISED = {"dask.worker.spill.time"}
+
+
+def points_by_name(reader) -> dict[str, tuple[str, list]]:
+    found: dict[str, tuple[str, list]] = {}
+    for resource_metrics in reader.get_metrics_data().resource_metrics:
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                found[metric.name] = (metric.unit, list(metric.data.data_points))
+    return found
+
+
+def test_every_instrument_reports_with_identity(telemetry):
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=False, dashboard_address="127.0.0.1:0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        x = da.ones((200, 200), chunks=50)
+        assert float((x @ x.T).sum().compute()) == 200.0**3
+        futures = client.map(lambda i: i, range(7), key=[f"ident-{i}" for i in range(7)])
+        client.gather(futures)
+        cluster_id = client.scheduler_info()["id"]
+        workers = set(client.scheduler_info()["workers"])
+        found = points_by_name(telemetry.metric_reader)
+
+    missing = set(INSTRUMENTS) - set(found) - NOT_EXERCISED
+    assert not missing
+    for name, (unit, points) in found.items():
+        if name not in INSTRUMENTS:
+            continue
+        assert unit == INSTRUMENTS[name].unit, name
+        for point in points:
+            attributes = dict(point.attributes)
+            assert attributes["dask.cluster.id"] == cluster_id, name
+            if name.startswith("dask.worker.") or name == "dask.task.duration":
+                assert attributes["dask.worker.address"] in workers, name
+            expected = set(INSTRUMENTS[name].attributes)
+            extra = set(attributes) - expected - {
+                "dask.cluster.id", "dask.worker.address", "dask.worker.name"
+            }  # fmt: skip
+            assert not extra, (name, extra)
+
+    # Every attempt is counted, traced or not; per prefix and outcome.
+    _, durations = found["dask.task.duration"]
+    ident = [p for p in durations if p.attributes["dask.task.prefix"] == "ident"]
+    assert sum(p.count for p in ident) == 7
+    assert {p.attributes["dask.task.outcome"] for p in ident} == {"success"}
+    _, finished = found["dask.task.finished"]
+    (ident_memory,) = [
+        p
+        for p in finished
+        if p.attributes["dask.task.prefix"] == "ident"
+        and p.attributes["dask.task.state"] == "memory"
+    ]
+    assert ident_memory.value == 7
+    _, workers_by_state = found["dask.scheduler.workers"]
+    assert sum(p.value for p in workers_by_state) == 2
+
+
+def test_closed_servers_stop_reporting(telemetry):
+    with (
+        LocalCluster(n_workers=1, processes=False, dashboard_address="127.0.0.1:0") as cluster,
+        Client(cluster) as client,
+    ):
+        assert client.submit(sum, [1, 2]).result() == 3
+    # Readers keep working after the cluster is gone; no point comes from the dead servers.
+    found = points_by_name(telemetry.metric_reader)
+    live = [n for n, (_, points) in found.items() if n != "dask.task.duration" and points]
+    assert live == []
