@@ -328,7 +328,6 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         if self._emitter is None:
             return
         self._tasks = {}  # stop recording: transitions from now on find no record
-        metrics.forget(self._providers.meter_provider, self._scheduler)
         now = time_ns()
         for graph in list(self._graphs):
             graph.span.set_attribute("dask.graph.incomplete", True)
@@ -339,6 +338,8 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         await asyncio.get_running_loop().run_in_executor(
             None, _drain, emitter, self._providers, timeout
         )
+        # After the final flush, whose collection still reads this scheduler.
+        metrics.forget(self._providers.meter_provider, self._scheduler)
 
 
 def _drain(emitter: SpanEmitter, providers: telemetry.Providers, timeout: float) -> None:

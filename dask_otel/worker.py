@@ -201,9 +201,10 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
             return
         self._tracer.uninstall()
         self._tracer = None
-        metrics.forget(self._providers.meter_provider, worker)
-        logs.remove_worker(worker.address)
         self._identity.cancel()
+        # The last collection still reads this worker: flush first, then let it go.
         await asyncio.get_running_loop().run_in_executor(
             None, telemetry.flush, self._providers, self._settings.flush_timeout
         )
+        metrics.forget(self._providers.meter_provider, worker)
+        logs.remove_worker(worker.address)

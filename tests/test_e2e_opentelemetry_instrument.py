@@ -80,6 +80,17 @@ def test_zero_code_cluster(receiver, processes, method):
     spans = receiver.spans()
     # Nanny children are named as workers, each with its own instance id.
     assert len({i for n, i in services(spans) if n == "dask-worker"}) == 2
+    # Dask's stderr output is untouched by the log bridge.
+    assert "distributed.worker - ERROR - Compute Failed" in processes.logs()
+
+    # Stopping a worker: the scheduler's remove-worker event arrives as a log record.
+    worker_proc = processes.procs[-1][0]
+    assert processes.stop(worker_proc) == 0
+    removed = receiver.wait_for(
+        lambda r: [x for x in r.log_records() if x["event_name"] == "dask.remove-worker"]
+    )
+    assert removed[0]["resource"]["service.name"] == "dask-scheduler"
+    assert removed[0]["attributes"]["dask.worker.address"].startswith("tcp://127.0.0.1:")
 
 
 def test_zero_code_over_http(receiver, processes):

@@ -98,5 +98,28 @@ def check_workload_telemetry(
     assert points[-1]["value"] == 7
     assert points[-1]["resource"]["service.name"] in roles
 
-    # Dask's own records (its loggers may not propagate to the root) are exported too.
-    rx.wait_for(lambda r: [x for x in r.log_records() if "Compute Failed" in str(x["body"])])
+    # Dask's own records (its loggers may not propagate to the root) are exported too,
+    # "Compute Failed" in the trace of the failed attempt, with the exception described.
+    failed_records = rx.wait_for(
+        lambda r: [x for x in r.log_records() if str(x["body"]).startswith("Compute Failed")]
+    )
+    assert len(failed_records) == 2  # one per attempt, none twice
+    assert {x["span_id"] for x in failed_records} == {s["span_id"] for s in executes}
+    for record in failed_records:
+        assert record["attributes"]["exception.type"] == "ValueError"
+        assert record["attributes"]["dask.task.key"] == executes[0]["attributes"]["dask.task.key"]
+        assert record["attributes"]["dask.cluster.id"] == next(iter(cluster_ids))
+
+    # Metrics from the scheduler and from both workers, stamped with the same identity.
+    def metric_sources(r):
+        scheduler = r.metrics(name="dask.scheduler.tasks")
+        workers = {
+            p["attributes"].get("dask.worker.address") for p in r.metrics(name="dask.worker.memory")
+        }
+        durations = r.metrics(name="dask.task.duration")
+        return scheduler and len(workers - {None}) >= 2 and durations and (scheduler, durations)
+
+    scheduler_points, durations = rx.wait_for(metric_sources)
+    assert {p["attributes"]["dask.cluster.id"] for p in scheduler_points} == cluster_ids
+    assert {p["resource"]["service.name"] for p in durations} <= set(roles)
+    assert any(p["attributes"]["dask.task.prefix"] == "slow_inc" for p in durations)

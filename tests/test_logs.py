@@ -1,0 +1,93 @@
+"""Logs: records from tasks and from Dask, stamped and correlated; scheduler events."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from conftest import flush_scheduler
+from distributed import Client, LocalCluster
+
+
+def log_marker(x: int) -> int:
+    logging.getLogger("user.code").warning("marker %d", x)
+    return x
+
+
+def fail(x: int) -> int:
+    raise ValueError(f"broken {x}")
+
+
+@pytest.fixture
+def cluster_client(telemetry):
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=False, dashboard_address="127.0.0.1:0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        yield cluster, client
+
+
+def records(telemetry, predicate):
+    return [r for r in telemetry.logs() if predicate(r)]
+
+
+def test_task_log_record_carries_task_and_span(telemetry, cluster_client):
+    _, client = cluster_client
+    future = client.submit(log_marker, 5)
+    assert future.result() == 5
+    flush_scheduler(client)
+    (record,) = records(telemetry, lambda r: r.body == "marker 5")
+    (execute,) = telemetry.spans("execute log_marker")
+    assert record.span_id == execute.context.span_id
+    assert record.trace_id == execute.context.trace_id
+    assert record.attributes["dask.task.key"] == future.key
+    assert record.attributes["dask.cluster.id"] == client.scheduler_info()["id"]
+    assert record.attributes["dask.worker.address"] == execute.attributes["dask.worker.address"]
+    assert record.severity_text == "WARN"
+
+
+def test_compute_failed_record_is_correlated_and_described(telemetry, cluster_client):
+    _, client = cluster_client
+    future = client.submit(fail, 3)
+    with pytest.raises(ValueError, match="broken 3"):
+        future.result()
+    flush_scheduler(client)
+    (record,) = records(telemetry, lambda r: str(r.body).startswith("Compute Failed"))
+    (execute,) = telemetry.spans("execute fail")
+    assert record.severity_text == "ERROR"
+    assert (record.trace_id, record.span_id) == (
+        execute.context.trace_id,
+        execute.context.span_id,
+    )
+    assert record.attributes["exception.type"] == "ValueError"
+    assert "broken 3" in record.attributes["exception.message"]
+    assert "in fail" in record.attributes["exception.stacktrace"]
+    assert record.attributes["dask.task.key"] == future.key
+
+
+def test_removed_worker_is_an_event_record(telemetry, cluster_client):
+    _, client = cluster_client
+    address = next(iter(client.scheduler_info()["workers"]))
+    client.retire_workers([address])
+    flush_scheduler(client)
+    removed = records(telemetry, lambda r: r.event_name == "dask.remove-worker")
+    assert removed, sorted({r.event_name for r in telemetry.logs() if r.event_name})
+    (record,) = [r for r in removed if r.attributes.get("dask.worker.address") == address]
+    assert record.attributes["dask.cluster.id"] == client.scheduler_info()["id"]
+    assert "all" in record.attributes["dask.event.topics"]
+    assert record.body["action"] == "remove-worker"
+
+
+def test_logs_can_be_switched_off(telemetry):
+    import dask
+
+    with (
+        dask.config.set({"otel.logs.enabled": False}),
+        LocalCluster(n_workers=1, processes=False, dashboard_address="127.0.0.1:0") as cluster,
+        Client(cluster) as client,
+    ):
+        assert client.submit(log_marker, 9).result() == 9
+        flush_scheduler(client)
+    assert not records(telemetry, lambda r: r.body == "marker 9")
