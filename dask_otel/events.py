@@ -19,6 +19,9 @@ from dask_otel.version import __version__
 
 #: Items kept from a list or set in an event body (e.g. lost task keys); the rest counted.
 MAX_ITEMS = 100
+#: Actions Dask publishes twice, under the worker's address and under ``all`` with a
+#: ``worker`` field: exported from the ``all`` copy only.
+MIRRORED_TO_ALL = frozenset({"add-worker", "remove-worker"})
 
 
 class EventExporter:
@@ -32,6 +35,8 @@ class EventExporter:
 
     def add(self, topic: str, msg: Any) -> bool:
         """Note ``topic`` for ``msg``; True when ``msg`` starts a new event."""
+        if "://" in topic and isinstance(msg, dict) and msg.get("action") in MIRRORED_TO_ALL:
+            return False
         if self._pending is not None and self._pending[1] is msg:
             self._pending[0].append(topic)
             return False

@@ -133,6 +133,18 @@ INSTRUMENTS: dict[str, Instrument] = {
         "Dask's fine performance metrics: bytes by context and activity",
         ("dask.metric.context", "dask.task.prefix", "dask.activity"),
     ),
+    "dask.worker.transfer.duration": Instrument(
+        "histogram",
+        "s",
+        "Duration of one dependency fetch from a peer (gather_dep)",
+        ("dask.transfer.outcome",),
+    ),
+    "dask.worker.transfer.received": Instrument(
+        "histogram",
+        "By",
+        "Bytes received by one successful dependency fetch",
+        ("dask.transfer.outcome",),
+    ),
     "dask.task.duration": Instrument(
         "histogram",
         "s",
@@ -141,8 +153,10 @@ INSTRUMENTS: dict[str, Instrument] = {
     ),
 }
 
-#: Bucket boundaries (seconds) for task durations: 1 ms to 1 h.
+#: Bucket boundaries (seconds) for task and transfer durations: 1 ms to 1 h.
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600)
+#: Bucket boundaries (bytes) for transfer sizes: 1 kB to 10 GB.
+SIZE_BUCKETS = tuple(10.0**e for e in range(3, 11))
 
 Observer = Callable[[Any, Attributes], Iterator[tuple[str, float, Attributes]]]
 
@@ -267,7 +281,17 @@ def _observe_worker(w: Any, base: Attributes) -> Iterator[tuple[str, float, Attr
     yield from _observe_server(w, "dask.worker", base)
 
 
-class _Sources:
+def _histogram(meter: metrics.Meter, name: str, buckets: tuple[float, ...]) -> metrics.Histogram:
+    spec = INSTRUMENTS[name]
+    return meter.create_histogram(
+        name,
+        unit=spec.unit,
+        description=spec.description,
+        explicit_bucket_boundaries_advisory=list(buckets),
+    )
+
+
+class Sources:
     """The servers feeding one meter provider's instruments, read on the metric thread."""
 
     def __init__(self, meter: metrics.Meter) -> None:
@@ -286,12 +310,11 @@ class _Sources:
             create(
                 name, callbacks=[self._callback(name)], unit=spec.unit, description=spec.description
             )
-        self.task_duration = meter.create_histogram(
-            "dask.task.duration",
-            unit="s",
-            description=INSTRUMENTS["dask.task.duration"].description,
-            explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS),
+        self.task_duration = _histogram(meter, "dask.task.duration", DURATION_BUCKETS)
+        self.transfer_duration = _histogram(
+            meter, "dask.worker.transfer.duration", DURATION_BUCKETS
         )
+        self.transfer_received = _histogram(meter, "dask.worker.transfer.received", SIZE_BUCKETS)
 
     def add(self, server: Any, observe: Observer, attributes: Attributes) -> None:
         with self._lock:
@@ -328,16 +351,16 @@ class _Sources:
             return points
 
 
-_sources: weakref.WeakKeyDictionary[Any, _Sources] = weakref.WeakKeyDictionary()
+_sources: weakref.WeakKeyDictionary[Any, Sources] = weakref.WeakKeyDictionary()
 _sources_lock = threading.Lock()
 
 
-def sources(meter_provider: metrics.MeterProvider) -> _Sources:
+def sources(meter_provider: metrics.MeterProvider) -> Sources:
     """The instruments of ``meter_provider`` (created on first use)."""
     with _sources_lock:
         found = _sources.get(meter_provider)
         if found is None:
-            found = _Sources(meter_provider.get_meter(SCOPE, __version__))
+            found = Sources(meter_provider.get_meter(SCOPE, __version__))
             _sources[meter_provider] = found
         return found
 

@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from time import perf_counter
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.utils import key_split_group
 from distributed.worker_state_machine import (
     ExecuteFailureEvent,
     ExecuteSuccessEvent,
+    GatherDepBusyEvent,
+    GatherDepFailureEvent,
+    GatherDepNetworkFailureEvent,
+    GatherDepSuccessEvent,
     RescheduleEvent,
 )
 from opentelemetry import context, trace
@@ -39,30 +44,73 @@ logger = logging.getLogger(__name__)
 IDENTITY_TIMEOUT = 60.0
 
 
-class ExecuteTracer:
+class _InstancePatch:
+    """Replaces the method ``name`` of one worker with ``self.<name>``, and back."""
+
+    name: str
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.original: Callable[..., Awaitable[Any]] = getattr(worker, self.name)
+
+    def install(self) -> None:
+        setattr(self.worker, self.name, getattr(self, self.name))
+
+    def uninstall(self) -> None:
+        if self.worker.__dict__.get(self.name) == getattr(self, self.name):
+            delattr(self.worker, self.name)
+
+
+class TransferMeter(_InstancePatch):
+    """Times every dependency fetch (``gather_dep``) and sizes what it received."""
+
+    name = "gather_dep"
+    OUTCOMES: ClassVar[dict[type, str]] = {
+        GatherDepSuccessEvent: "success",
+        GatherDepBusyEvent: "busy",
+        GatherDepNetworkFailureEvent: "network_failure",
+        GatherDepFailureEvent: "error",
+    }
+
+    def __init__(self, worker: Worker, sources: metrics.Sources, attributes: dict) -> None:
+        super().__init__(worker)
+        self.sources = sources
+        self.attributes = attributes
+
+    async def gather_dep(
+        self, worker: str, to_gather: Any, total_nbytes: int, *, stimulus_id: str
+    ) -> Any:
+        start = perf_counter()
+        result = await self.original(worker, to_gather, total_nbytes, stimulus_id=stimulus_id)
+        outcome = self.OUTCOMES.get(type(result), "other")
+        attributes = {**self.attributes, "dask.transfer.outcome": outcome}
+        try:
+            self.sources.transfer_duration.record(perf_counter() - start, attributes)
+            if outcome == "success":
+                self.sources.transfer_received.record(total_nbytes, attributes)
+        except Exception:
+            logger.debug("dask-otel: cannot record a transfer", exc_info=True)
+        return result
+
+
+class ExecuteTracer(_InstancePatch):
     """Replaces one worker's ``execute`` with a traced version of it."""
+
+    name = "execute"
 
     def __init__(
         self, worker: Worker, tracer: trace.Tracer, task_duration: Any, settings: Settings
     ) -> None:
-        self.worker = worker
+        super().__init__(worker)
         self.tracer = tracer
         self.task_duration = task_duration
         self.settings = settings
-        self.original: Callable[..., Awaitable[Any]] = worker.execute
         #: Attributes of every span; ``dask.cluster.id`` joins once the scheduler answers.
         self.static_attributes = {
             "dask.worker.address": worker.address,
             "dask.worker.name": ids.cap(str(worker.name), settings.max_attribute_length),
         }
         self._failed = False
-
-    def install(self) -> None:
-        self.worker.execute = self.execute  # type: ignore[method-assign]
-
-    def uninstall(self) -> None:
-        if self.worker.__dict__.get("execute") == self.execute:
-            del self.worker.execute
 
     async def execute(self, key: Any, *, stimulus_id: str) -> Any:
         ts = self.worker.state.tasks.get(key)
@@ -189,9 +237,13 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
         self._providers = telemetry.current()
         self._settings = settings
         meter_provider = self._providers.meter_provider
-        task_duration = metrics.sources(meter_provider).task_duration
-        self._tracer = ExecuteTracer(worker, self._providers.tracer(), task_duration, settings)
+        sources = metrics.sources(meter_provider)
+        self._tracer = ExecuteTracer(
+            worker, self._providers.tracer(), sources.task_duration, settings
+        )
+        self._meter = TransferMeter(worker, sources, self._tracer.static_attributes)
         self._tracer.install()
+        self._meter.install()
         metrics.observe_worker(meter_provider, worker, self._tracer.static_attributes)
         logs.add_worker(worker.address)
         self._identity = asyncio.create_task(self._tracer.fetch_cluster_id())
@@ -200,6 +252,7 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
         if self._tracer is None:
             return
         self._tracer.uninstall()
+        self._meter.uninstall()
         self._tracer = None
         self._identity.cancel()
         # The last collection still reads this worker: flush first, then let it go.
