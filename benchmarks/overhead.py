@@ -3,9 +3,10 @@
 Runs N no-op tasks (``client.map``) on an in-process ``LocalCluster(n_workers=2,
 threads_per_worker=1, processes=False)``, plain and instrumented, in interleaved rounds
 within one run, and reports the median of the per-round ratios with min and max. The
-instrumented rounds use the real SDK (batch span processor) with every span sampled;
-spans go to an exporter that discards them (``--export otlp`` sends them over OTLP/gRPC
-to a receiver in another process instead, so the export cost is included).
+instrumented rounds use the real SDK with every span sampled (batch span processor) and
+metrics on (a periodic reader collecting every 5 s); spans and metrics go to exporters
+that discard them (``--export otlp`` sends spans over OTLP/gRPC to a receiver in another
+process instead, so the export cost is included).
 
     python benchmarks/overhead.py --tasks 20000 --rounds 7
 """
@@ -22,6 +23,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from distributed import Client, LocalCluster
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricExportResult,
+    PeriodicExportingMetricReader,
+)
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
@@ -46,6 +53,19 @@ class DiscardingExporter(SpanExporter):
     def export(self, spans: Sequence) -> SpanExportResult:
         self.count += len(spans)
         return SpanExportResult.SUCCESS
+
+
+class DiscardingMetricExporter(MetricExporter):
+    """Takes every collection (so callbacks and aggregation run) and drops it."""
+
+    def export(self, metrics_data, timeout_millis: float = 10_000, **kwargs) -> MetricExportResult:
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:
+        pass
 
 
 def noop(i: int) -> int:
@@ -95,12 +115,17 @@ def main() -> None:
     provider.add_span_processor(
         BatchSpanProcessor(exporter, max_queue_size=65536, max_export_batch_size=2048)
     )
+    meter_provider = MeterProvider(
+        metric_readers=[
+            PeriodicExportingMetricReader(DiscardingMetricExporter(), export_interval_millis=5000)
+        ]
+    )
     instrumentor = dask_otel.DaskInstrumentor()
     ratios, cpu_ratios, plain_times, traced_times = [], [], [], []
     try:
         for r in range(args.rounds):
             plain = one_round(args.tasks)
-            instrumentor.instrument(tracer_provider=provider)
+            instrumentor.instrument(tracer_provider=provider, meter_provider=meter_provider)
             try:
                 traced = one_round(args.tasks)
             finally:
@@ -117,6 +142,7 @@ def main() -> None:
             )
     finally:
         provider.shutdown()
+        meter_provider.shutdown()
         if receiver is not None:
             receiver.communicate("")
 
