@@ -22,6 +22,9 @@ from opentelemetry.sdk.resources import Resource
 
 from dask_otel import telemetry
 
+#: Directory for the ``otlp_json_file`` exporters' files (``dask-otel demo`` sets it).
+FILE_EXPORT_DIR = "DASK_OTEL_FILE_EXPORT_DIR"
+
 SERVICE_NAMES = {
     "scheduler": "dask-scheduler",
     "worker": "dask-worker",
@@ -98,6 +101,9 @@ class DaskOtelConfigurator(_OTelSDKConfigurator):
         for name, value in ENV_DEFAULTS.items():
             os.environ.setdefault(name, value)
         attributes = {**(kwargs.pop("resource_attributes", None) or {}), **_service_name(role)}
+        directory = os.environ.get(FILE_EXPORT_DIR)
+        if directory:
+            kwargs["exporter_args_map"] = _file_exporter_paths(directory, role)
         super()._configure(resource_attributes=attributes, **kwargs)
         providers = (
             trace.get_tracer_provider(),
@@ -105,6 +111,26 @@ class DaskOtelConfigurator(_OTelSDKConfigurator):
             _logs.get_logger_provider(),
         )
         _owned = _Owned(providers, role)
+
+
+def _file_exporter_paths(directory: str, role: str | None) -> dict[type, dict[str, str]]:
+    """One OTLP JSON lines file per signal and process under ``directory``.
+
+    Used with the ``otlp_json_file`` exporters (``OTEL_TRACES_EXPORTER=otlp_json_file``
+    ...), which otherwise write to standard output. Files are named
+    ``<signal>-<role>-<pid>.jsonl``, the format of the collector's file exporter.
+    """
+    from opentelemetry.exporter.otlp.json.file._log_exporter import FileLogExporter
+    from opentelemetry.exporter.otlp.json.file.metric_exporter import FileMetricExporter
+    from opentelemetry.exporter.otlp.json.file.trace_exporter import FileSpanExporter
+
+    os.makedirs(directory, exist_ok=True)
+    stem = f"{role or 'process'}-{os.getpid()}.jsonl"
+    return {
+        FileSpanExporter: {"path": os.path.join(directory, f"traces-{stem}")},
+        FileMetricExporter: {"path": os.path.join(directory, f"metrics-{stem}")},
+        FileLogExporter: {"path": os.path.join(directory, f"logs-{stem}")},
+    }
 
 
 def configure(role: str) -> None:
