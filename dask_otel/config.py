@@ -36,6 +36,7 @@ class Settings:
     logs_enabled: bool
     logs_level: int
     logs_loggers: tuple[str, ...]
+    logs_exclude_event_topics: tuple[str, ...]
 
 
 def _get(key: str) -> object:
@@ -84,7 +85,7 @@ def _level(key: str) -> int:
 def _names(key: str) -> tuple[str, ...]:
     value = _get(key)
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(f"otel.{key} must be a list of logger names, got {value!r}")
+        raise ConfigError(f"otel.{key} must be a list of names, got {value!r}")
     return tuple(value)
 
 
@@ -99,4 +100,5 @@ def load_settings() -> Settings:
         logs_enabled=_bool("logs.enabled"),
         logs_level=_level("logs.level"),
         logs_loggers=_names("logs.loggers"),
+        logs_exclude_event_topics=_names("logs.exclude-event-topics"),
     )

@@ -23,8 +23,6 @@ from distributed import Client, LocalCluster
 from dask_otel import DaskInstrumentor, summary, telemetry
 from dask_otel.sdk import FILE_EXPORT_DIR
 
-logger = logging.getLogger("dask_otel.demo")
-
 #: Per size: (edge, chunk) of the reduction, (edge, chunk) of the persist that spills,
 #: and the workers' memory limit (they spill past 30% of it).
 SIZES = {
@@ -69,8 +67,9 @@ def run(output: Path, size: str = "normal", out: TextIO = sys.stdout) -> int:
         out.write(f"dask-otel demo: exporting to {endpoint}\n")
     else:
         output.mkdir(parents=True, exist_ok=True)
-        for old in output.glob("*.jsonl"):
-            old.unlink()
+        for signal in ("traces", "metrics", "logs"):
+            for old in output.glob(f"{signal}-*.jsonl"):  # an earlier demo's files only
+                old.unlink()
         _file_mode(output)
         out.write(f"dask-otel demo: writing OTLP JSON files to {output}\n")
     (edge, chunk), (spill_edge, spill_chunk), memory_limit = SIZES[size]
@@ -118,8 +117,16 @@ def run(output: Path, size: str = "normal", out: TextIO = sys.stdout) -> int:
         except ValueError as e:
             _done(out, started, f" (failed as planned: {e})")
         started = _step(out, "closing the cluster and flushing telemetry")
-    telemetry.flush(telemetry.current(), 10)
+    providers = telemetry.current()
     DaskInstrumentor().uninstrument()
+    for provider in (
+        providers.tracer_provider,
+        providers.meter_provider,
+        providers.logger_provider,
+    ):
+        shutdown = getattr(provider, "shutdown", None)  # last export, files closed
+        if shutdown is not None:
+            shutdown()
     _done(out, started)
     if endpoint:
         out.write(

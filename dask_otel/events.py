@@ -8,6 +8,7 @@ retirements, restarts and every other topic: one record per event, named after i
 from __future__ import annotations
 
 from collections.abc import Iterable
+from itertools import islice
 from time import time_ns
 from typing import Any
 
@@ -17,34 +18,41 @@ from dask_otel import ids
 from dask_otel.telemetry import SCOPE
 from dask_otel.version import __version__
 
-#: Items kept from a list or set in an event body (e.g. lost task keys); the rest counted.
+#: Items kept from a list, set or dict in an event body (e.g. lost task keys); the rest
+#: are counted.
 MAX_ITEMS = 100
 #: Actions Dask publishes twice, under the worker's address and under ``all`` with a
 #: ``worker`` field: exported from the ``all`` copy only.
 MIRRORED_TO_ALL = frozenset({"add-worker", "remove-worker"})
 
 
-class EventExporter:
-    """Collects the topics of one event, then emits it as a log record."""
+class EventRecorder:
+    """Collects the topics of each event, then emits it as one log record."""
 
-    def __init__(self, logger_provider: LoggerProvider, cluster_id: str, limit: int) -> None:
+    def __init__(
+        self, logger_provider: LoggerProvider, cluster_id: str, limit: int, exclude: Iterable[str]
+    ) -> None:
         self._logger = logger_provider.get_logger(f"{SCOPE}.events", __version__)
         self._cluster_id = cluster_id
         self._limit = limit
-        self._pending: tuple[list[str], Any, int] | None = None
+        self._exclude = frozenset(exclude)
+        self._pending: list[tuple[list[str], Any, int]] = []
 
     def add(self, topic: str, msg: Any) -> bool:
-        """Note ``topic`` for ``msg``; True when ``msg`` starts a new event."""
+        """Note ``topic`` for ``msg``; True when a flush must be scheduled."""
+        if topic in self._exclude:
+            return False
         if "://" in topic and isinstance(msg, dict) and msg.get("action") in MIRRORED_TO_ALL:
             return False
-        if self._pending is not None and self._pending[1] is msg:
-            self._pending[0].append(topic)
+        if self._pending and self._pending[-1][1] is msg:
+            self._pending[-1][0].append(topic)
             return False
-        self._pending = ([topic], msg, time_ns())
-        return True
+        self._pending.append(([topic], msg, time_ns()))
+        return len(self._pending) == 1
 
-    def take(self) -> tuple[list[str], Any, int] | None:
-        pending, self._pending = self._pending, None
+    def take(self) -> list[tuple[list[str], Any, int]]:
+        """Every event noted since the last call."""
+        pending, self._pending = self._pending, []
         return pending
 
     def emit(self, topics: list[str], msg: Any, timestamp: int) -> None:
@@ -81,14 +89,19 @@ def _plain(value: Any, limit: int) -> Any:
     if isinstance(value, str):
         return ids.cap(value, limit)
     if isinstance(value, dict):
-        return {ids.cap(str(k), limit): _plain(v, limit) for k, v in value.items()}
-    if isinstance(value, Iterable) and not isinstance(value, bytes):
-        items = list(value)
-        plain = [
-            _plain(ids.key_to_str(v) if isinstance(v, tuple) else v, limit)
-            for v in items[:MAX_ITEMS]
-        ]
-        if len(items) > MAX_ITEMS:
-            plain.append(f"... {len(items) - MAX_ITEMS} more")
+        plain = {
+            ids.cap(ids.key_to_str(k), limit): _plain(v, limit)
+            for k, v in islice(value.items(), MAX_ITEMS)
+        }
+        if len(value) > MAX_ITEMS:
+            plain["..."] = f"{len(value) - MAX_ITEMS} more"
         return plain
+    if isinstance(value, (list, tuple, set, frozenset)):
+        plain_items = [
+            _plain(ids.key_to_str(v) if isinstance(v, tuple) else v, limit)
+            for v in islice(value, MAX_ITEMS)
+        ]
+        if len(value) > MAX_ITEMS:
+            plain_items.append(f"... {len(value) - MAX_ITEMS} more")
+        return plain_items
     return ids.cap(repr(value), limit)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 
 from distributed.worker import thread_state
 from opentelemetry._logs import LoggerProvider
@@ -20,7 +21,6 @@ from opentelemetry.instrumentation.logging.handler import LoggingHandler
 
 from dask_otel import ids
 
-_EXPORTED = "_dask_otel_exported"
 #: Exception type at the start of Dask's exception text, e.g. ``ValueError('x')``.
 _EXCEPTION_TYPE = re.compile(r"([A-Za-z_][\w.]*)")
 
@@ -53,11 +53,14 @@ class DaskRecordFilter(logging.Filter):
     def __init__(self, max_length: int = 256) -> None:
         super().__init__()
         self.max_length = max_length
+        # Every handler a record reaches runs in one callHandlers on the emitting thread:
+        # remembering the last record per thread is enough to export it once.
+        self._last = threading.local()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if getattr(record, _EXPORTED, False):
+        if getattr(self._last, "record", None) is record:
             return False
-        setattr(record, _EXPORTED, True)
+        self._last.record = record
         fields = record.__dict__
         fields.update(identity)
         key = getattr(thread_state, "key", None)  # set while a task runs in this thread
@@ -106,6 +109,12 @@ def install(logger_provider: LoggerProvider, loggers: tuple[str, ...], level: in
     if _handler is not None:
         return
     _handler = LoggingHandler(level=level, logger_provider=logger_provider)
+    root_handler = _otel_handler(logging.getLogger())
+    if root_handler is not None and "" not in loggers:
+        # Another OTel handler on the root exports propagated records too: stamp them
+        # and keep them from being exported twice.
+        root_handler.addFilter(_filter)
+        _attached.append((logging.getLogger(), root_handler, False))
     for name in loggers:
         logger = logging.getLogger(name or None)
         if name and logger.propagate and "" in loggers:

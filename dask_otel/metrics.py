@@ -2,8 +2,9 @@
 
 Everything Dask's Prometheus collectors expose (and its fine performance metrics) is read
 on the SDK's metric thread, when a reader collects: nothing is added to the scheduler's
-or the worker's hot path. Callbacks only take atomic snapshots (``list(d.items())``,
-``dict(d)``: single C calls under the GIL) of Dask's live dicts, never iterate them.
+or the worker's hot path. Callbacks take atomic snapshots (``list(d.items())``,
+``dict(d)``: single C calls under the GIL) of Dask's live dicts before looping over them;
+the one Dask call that loops over live sets itself (``adaptive_target``) is guarded.
 The one instrument recorded inline is ``dask.task.duration``, a histogram per attempt on
 the worker. ``dask.task.prefix`` is the only task-derived attribute.
 
@@ -14,13 +15,15 @@ registered with it in this process.
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from time import time
-from typing import Any
+from typing import Any, get_args
 
+from distributed.worker_state_machine import TaskStateState
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
@@ -28,6 +31,13 @@ from dask_otel.telemetry import SCOPE
 from dask_otel.version import __version__
 
 Attributes = dict[str, Any]
+logger = logging.getLogger(__name__)
+
+#: Worker task states reported even when no task is in them (and "disk", spilled memory).
+WORKER_TASK_STATES = (
+    *get_args(TaskStateState),
+    "disk",
+)
 
 
 @dataclass(frozen=True)
@@ -111,7 +121,10 @@ INSTRUMENTS: dict[str, Instrument] = {
         "counter", "By", "Bytes moved by spilling and unspilling", ("dask.spill.activity",)
     ),
     "dask.worker.spill.count": Instrument(
-        "counter", "{key}", "Keys moved by spilling and unspilling", ("dask.spill.activity",)
+        "counter",
+        "{key}",
+        "Reads and writes of managed data: memory reads, disk writes and reads",
+        ("dask.spill.activity",),
     ),
     "dask.worker.spill.time": Instrument(
         "counter", "s", "Time spent spilling and unspilling", ("dask.spill.activity",)
@@ -142,7 +155,7 @@ INSTRUMENTS: dict[str, Instrument] = {
     "dask.worker.transfer.received": Instrument(
         "histogram",
         "By",
-        "Bytes received by one successful dependency fetch",
+        "Bytes of one successful dependency fetch (sizes as the scheduler estimates them)",
         ("dask.transfer.outcome",),
     ),
     "dask.task.duration": Instrument(
@@ -163,7 +176,7 @@ Observer = Callable[[Any, Attributes], Iterator[tuple[str, float, Attributes]]]
 
 def _tick_max(server: Any) -> float:
     """Longest tick since the last read (as Dask's Prometheus collectors report it)."""
-    longest = server.digests_max.pop("tick_duration", 0)
+    longest = server.digests_max.pop("tick-duration", 0)
     return max(longest, time() - server._last_tick)
 
 
@@ -191,22 +204,30 @@ def _observe_scheduler(s: Any, base: Attributes) -> Iterator[tuple[str, float, A
     changes = "dask.scheduler.worker.changes"
     yield changes, s._workers_added_total, {**base, "dask.change": "added"}
     yield changes, s._workers_removed_total, {**base, "dask.change": "removed"}
-    yield "dask.scheduler.workers.desired", s.adaptive_target(), base
+    try:  # loops over live scheduler sets: may race with the event loop
+        desired = s.adaptive_target()
+    except RuntimeError:
+        desired = None
+    if desired is not None:
+        yield "dask.scheduler.workers.desired", desired, base
     yield "dask.scheduler.task_groups", len(s.task_groups), base
     totals: dict[str, int] = {}
+    forgotten = 0
     for tp in list(s.task_prefixes.values()):
         prefix = {**base, "dask.task.prefix": tp.name}
         for state, count in dict(tp.states).items():
             totals[state] = totals.get(state, 0) + count
         yield "dask.scheduler.tasks.suspicious", tp.suspicious, prefix
-        durations = dict(tp.all_durations)
-        yield "dask.task.compute.time", durations.get("compute", 0.0), prefix
-        yield "dask.task.transfer.time", durations.get("transfer", 0.0), prefix
+        durations = dict(tp._all_durations_us)
+        yield "dask.task.compute.time", durations.get("compute", 0) / 1e6, prefix
+        yield "dask.task.transfer.time", durations.get("transfer", 0) / 1e6, prefix
         yield "dask.task.output.size", tp.nbytes_total, prefix
         counts = dict(tp.state_counts)
+        forgotten += counts.get("forgotten", 0)  # grows only, unlike tp.states
         for state in ("memory", "erred"):
             yield "dask.task.finished", counts.get(state, 0), {**prefix, "dask.task.state": state}
-    yield "dask.scheduler.tasks.forgotten", totals.pop("forgotten", 0), base
+    totals.pop("forgotten", None)
+    yield "dask.scheduler.tasks.forgotten", forgotten, base
     for state, count in totals.items():
         yield "dask.scheduler.tasks", count, {**base, "dask.task.state": state}
     yield from _observe_server(s, "dask.scheduler", base)
@@ -235,7 +256,8 @@ def _fine_performance_metrics(
     for key, value in list(digests.items()):
         if not isinstance(key, tuple) or len(key) < 3 or key[-1] not in names:
             continue
-        prefix = str(key[-3]) if len(key) >= 4 else None
+        # P2P keys are (p2p, span id, where, activity, unit): no task prefix there.
+        prefix = str(key[-3]) if len(key) >= 4 and key[0] != "p2p" else None
         group = (names[key[-1]], str(key[0]), prefix, str(key[-2]))
         totals[group] = totals.get(group, 0.0) + value
     for (name, context, prefix, activity), value in totals.items():
@@ -247,9 +269,11 @@ def _fine_performance_metrics(
 
 def _observe_worker(w: Any, base: Attributes) -> Iterator[tuple[str, float, Attributes]]:
     state = w.state
-    counts = dict(state.task_counter.current_count(by_prefix=False))
+    counts = dict.fromkeys(WORKER_TASK_STATES, 0)  # report 0, not silence, for idle states
+    for (_, task_state), count in list(state.task_counter._current_count.items()):
+        counts[task_state] = counts.get(task_state, 0) + count
     slow = getattr(w.data, "slow", None)
-    if "memory" in counts and slow is not None:
+    if slow is not None:
         spilled = len(slow)
         counts["memory"] -= spilled
         counts["disk"] = spilled
@@ -299,6 +323,7 @@ class Sources:
         self._servers: dict[int, tuple[Any, Observer, Attributes]] = {}
         self._cache: dict[str, list[Observation]] = {}
         self._generation = -1
+        self._failed = False
         for name, spec in INSTRUMENTS.items():
             if spec.kind == "histogram":
                 continue
@@ -334,21 +359,27 @@ class Sources:
 
     def _observations(self) -> dict[str, list[Observation]]:
         """All points of one collection, read once: the first callback reads every server."""
+        # One collection calls every callback in turn within a few milliseconds;
+        # reading the servers once per 0.5 s serves all of them.
+        now = int(time() * 2)
         with self._lock:
-            # One collection calls every callback in turn within a few milliseconds;
-            # reading the servers once per 0.5 s serves all of them.
-            now = int(time() * 2)
             if now == self._generation:
                 return self._cache
-            points: dict[str, list[Observation]] = {}
-            for server, observe, attributes in list(self._servers.values()):
-                try:
-                    for name, value, attrs in observe(server, attributes):
-                        points.setdefault(name, []).append(Observation(value, attrs))
-                except (ReferenceError, AttributeError, KeyError, RuntimeError, ValueError):
-                    continue  # the server closed (or changed shape) while we read it
+            servers = list(self._servers.values())
+        points: dict[str, list[Observation]] = {}
+        for server, observe, attributes in servers:
+            try:
+                for name, value, attrs in observe(server, attributes):
+                    points.setdefault(name, []).append(Observation(value, attrs))
+            except ReferenceError:
+                continue  # closed while we read it
+            except Exception:
+                if not self._failed:
+                    self._failed = True
+                    logger.exception("dask-otel: reading Dask's metrics failed (said once)")
+        with self._lock:
             self._cache, self._generation = points, now
-            return points
+        return points
 
 
 _sources: weakref.WeakKeyDictionary[Any, Sources] = weakref.WeakKeyDictionary()

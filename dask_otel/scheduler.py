@@ -121,8 +121,11 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         self._cluster_id = scheduler.id
         self._emitter = SpanEmitter(name="dask-otel-scheduler-spans")
         metrics.observe_scheduler(self._providers.meter_provider, scheduler)
-        self._events = events.EventExporter(
-            self._providers.logger_provider, self._cluster_id, settings.max_attribute_length
+        self._events = events.EventRecorder(
+            self._providers.logger_provider,
+            self._cluster_id,
+            settings.max_attribute_length,
+            settings.logs_exclude_event_topics,
         )
         logs.identity["dask.cluster.id"] = self._cluster_id
 
@@ -197,9 +200,9 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
             asyncio.get_running_loop().call_soon(self._flush_event)
 
     def _flush_event(self) -> None:
-        event = self._events.take()
-        if event is not None and self._emitter is not None:
-            self._emitter.submit(self._events.emit, *event)
+        for event in self._events.take():
+            if self._emitter is not None:
+                self._emitter.submit(self._events.emit, *event)
 
     # -- tasks (hot path) -----------------------------------------------------------------
 

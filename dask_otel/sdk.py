@@ -13,6 +13,7 @@ someone else configured are never touched.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from dataclasses import dataclass
 
@@ -118,14 +119,14 @@ def _file_exporter_paths(directory: str, role: str | None) -> dict[type, dict[st
 
     Used with the ``otlp_json_file`` exporters (``OTEL_TRACES_EXPORTER=otlp_json_file``
     ...), which otherwise write to standard output. Files are named
-    ``<signal>-<role>-<pid>.jsonl``, the format of the collector's file exporter.
+    ``<signal>-<role>-<host>-<pid>.jsonl``, the format of the collector's file exporter.
     """
     from opentelemetry.exporter.otlp.json.file._log_exporter import FileLogExporter
     from opentelemetry.exporter.otlp.json.file.metric_exporter import FileMetricExporter
     from opentelemetry.exporter.otlp.json.file.trace_exporter import FileSpanExporter
 
     os.makedirs(directory, exist_ok=True)
-    stem = f"{role or 'process'}-{os.getpid()}.jsonl"
+    stem = f"{role or 'process'}-{socket.gethostname()}-{os.getpid()}.jsonl"
     return {
         FileSpanExporter: {"path": os.path.join(directory, f"traces-{stem}")},
         FileMetricExporter: {"path": os.path.join(directory, f"metrics-{stem}")},

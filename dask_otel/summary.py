@@ -20,6 +20,8 @@ from typing import Any, TextIO
 #: Waterfall bar width in characters, and how many traces get one.
 BAR_WIDTH = 40
 WATERFALL_TRACES = 3
+#: Rows of each list printed, and problems remembered, before the rest is only counted.
+MAX_ROWS = 20
 
 
 class SummaryError(Exception):
@@ -62,14 +64,22 @@ class Summary:
     log_records: int = 0
     metric_points: int = 0
     skipped: list[str] = field(default_factory=list)
+    skipped_count: int = 0
     traces: dict[str, _Trace] = field(default_factory=lambda: defaultdict(_Trace))
     by_operation: Counter[tuple[str, str]] = field(default_factory=Counter)
     slowest: list[tuple[float, str, str, str]] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)
+    #: tasks that erred because a dependency did: counted, not listed
+    erred_dependents: int = 0
     severities: Counter[str] = field(default_factory=Counter)
     #: (metric name, attributes, process) -> (time, value, label); the latest point of a
     #: cumulative series is its total
     metrics: dict[tuple[str, str, str], tuple[int, float, str]] = field(default_factory=dict)
+
+    def skip(self, problem: str) -> None:
+        self.skipped_count += 1
+        if len(self.skipped) < MAX_ROWS:
+            self.skipped.append(problem)
 
     def add_request(self, request: dict[str, Any]) -> bool:
         """Fold one OTLP JSON export request in; False if it is not one."""
@@ -118,7 +128,10 @@ class Summary:
             group = trace.groups.setdefault(name.split(" ", 1)[-1], [start, end, 0])
             group[0], group[1], group[2] = min(group[0], start), max(group[1], end), group[2] + 1
             if span.get("status", {}).get("code") in (2, "STATUS_CODE_ERROR"):
-                self._add_failure(span, attributes, key)
+                if attributes.get("dask.task.erred_by"):
+                    self.erred_dependents += 1
+                elif len(self.failures) < MAX_ROWS:
+                    self._add_failure(span, attributes, key)
         elif operation == "execute":
             entry = ((end - start) / 1e9, name, key, str(attributes.get("dask.worker.address")))
             if len(self.slowest) < 5:
@@ -143,7 +156,6 @@ class Summary:
                 "workers": exception.get("dask.task.workers")
                 or [attributes.get("dask.worker.address")],
                 "exception": _describe(exception) or span.get("status", {}).get("message", ""),
-                "erred_by": attributes.get("dask.task.erred_by"),
             }
         )
 
@@ -166,7 +178,10 @@ class Summary:
                 when = int(point.get("timeUnixNano", 0))
                 series = (name, json.dumps(attributes, sort_keys=True, default=str), process)
                 previous = self.metrics.get(series)
-                if previous is None or previous[0] <= when:
+                temporality = metric.get(kind, {}).get("aggregationTemporality")
+                if previous is not None and temporality in (1, "AGGREGATION_TEMPORALITY_DELTA"):
+                    self.metrics[series] = (max(when, previous[0]), previous[1] + value, label)
+                elif previous is None or previous[0] <= when:
                     self.metrics[series] = (when, value, label)
 
     def metric_total(self, name: str, label: str | None = None) -> float:
@@ -214,10 +229,13 @@ def summarize(path: str | Path) -> Summary:
         try:
             request = json.loads(line)
         except json.JSONDecodeError as e:
-            summary.skipped.append(f"{file}:{number}: not JSON (truncated?): {e.msg}")
+            summary.skip(f"{file}:{number}: not JSON (truncated?): {e.msg}")
             continue
-        if not isinstance(request, dict) or not summary.add_request(request):
-            summary.skipped.append(f"{file}:{number}: JSON but not an OTLP export request")
+        try:
+            if not isinstance(request, dict) or not summary.add_request(request):
+                summary.skip(f"{file}:{number}: JSON but not an OTLP export request")
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            summary.skip(f"{file}:{number}: malformed OTLP JSON ({type(e).__name__}: {e})")
     if not (summary.spans or summary.log_records or summary.metric_points):
         reasons = "; ".join(summary.skipped[:3]) or "the files are empty"
         raise SummaryError(f"{path}: no OTLP telemetry found ({reasons})")
@@ -250,11 +268,15 @@ def render(summary: Summary, out: TextIO) -> None:
     )
     for problem in summary.skipped[:5]:
         w(f"  skipped {problem}\n")
+    if summary.skipped_count > 5:
+        w(f"  ... {summary.skipped_count - 5} more lines skipped\n")
     w(f"\nTraces ({len(summary.traces)}):\n")
     ranked = sorted(summary.traces.items(), key=lambda t: t[1].start)
-    for trace_id, trace in ranked:
+    for trace_id, trace in ranked[:MAX_ROWS]:
         w(f"  {trace_id}  {trace.root or '(root not recorded)':<28} {trace.spans:6} spans  "
           f"{(trace.end - trace.start) / 1e9:7.2f} s\n")  # fmt: skip
+    if len(ranked) > MAX_ROWS:
+        w(f"  ... {len(ranked) - MAX_ROWS} more traces\n")
     w("\nSpans by operation and role:\n")
     for (operation, role), count in sorted(summary.by_operation.items()):
         w(f"  {operation:<10} {role:<16} {count:8}\n")
@@ -264,10 +286,11 @@ def render(summary: Summary, out: TextIO) -> None:
             w(f"  {seconds:8.3f} s  {name:<28} {key[:48]:<48} {worker}\n")
     w(f"\nFailures ({len(summary.failures)}):\n")
     for failure in summary.failures:
-        cause = f"  (because {failure['erred_by']} erred)" if failure["erred_by"] else ""
         workers = ", ".join(map(str, failure["workers"]))
-        w(f"  {failure['name']} {failure['key']}: {failure['exception']}{cause}\n")
+        w(f"  {failure['name']} {failure['key']}: {failure['exception']}\n")
         w(f"      attempts {failure['attempts']}, on {workers}\n")
+    if summary.erred_dependents:
+        w(f"  and {summary.erred_dependents} tasks that erred because a dependency did\n")
     received = summary.metric_total("dask.worker.transfer.received")
     written = summary.metric_total("dask.worker.spill.size", "disk-write")
     read = summary.metric_total("dask.worker.spill.size", "disk-read")

@@ -25,6 +25,7 @@ def test_defaults():
         logs_enabled=True,
         logs_level=logging.INFO,
         logs_loggers=("", "distributed"),
+        logs_exclude_event_topics=("stealing",),
     )
     # The defaults are part of dask.config, where every Dask way of setting config works.
     assert dask.config.get("otel.task.max-events") == 16
@@ -54,6 +55,7 @@ def test_values_set_through_dask_config():
         logs_enabled=False,
         logs_level=logging.WARNING,
         logs_loggers=("distributed",),
+        logs_exclude_event_topics=("stealing",),
     )
     with dask.config.set({"otel.enabled": "true", "otel.flush-timeout": 2.5}):
         settings = load_settings()
@@ -79,6 +81,7 @@ def test_values_set_through_dask_config():
         ("otel.logs.level", 2.5),
         ("otel.logs.loggers", "distributed"),
         ("otel.logs.loggers", ["distributed", 3]),
+        ("otel.logs.exclude-event-topics", "stealing"),
         ("otel.flush-timeout", "soon"),
         ("otel.flush-timeout", -1),
         ("otel.flush-timeout", None),

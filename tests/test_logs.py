@@ -46,6 +46,7 @@ def test_task_log_record_carries_task_and_span(telemetry, cluster_client):
     assert record.attributes["dask.cluster.id"] == client.scheduler_info()["id"]
     assert record.attributes["dask.worker.address"] == execute.attributes["dask.worker.address"]
     assert record.severity_text == "WARN"
+    assert not [name for name in record.attributes if name.startswith("_")]
 
 
 def test_compute_failed_record_is_correlated_and_described(telemetry, cluster_client):
@@ -93,3 +94,18 @@ def test_logs_can_be_switched_off(telemetry):
         assert client.submit(log_marker, 9).result() == 9
         flush_scheduler(client)
     assert not records(telemetry, lambda r: r.body == "marker 9")
+
+
+def test_events_published_in_one_tick_are_all_exported(telemetry, cluster_client):
+    _, client = cluster_client
+
+    def publish(dask_scheduler):
+        dask_scheduler.log_event("my-topic", {"action": "first"})
+        dask_scheduler.log_event("my-topic", {"action": "second"})
+        dask_scheduler.log_event("stealing", {"action": "steal"})  # excluded by default
+
+    client.run_on_scheduler(publish)
+    flush_scheduler(client)
+    names = [r.event_name for r in telemetry.logs() if r.event_name]
+    assert names.count("dask.first") == 1 and names.count("dask.second") == 1
+    assert "dask.steal" not in names

@@ -79,3 +79,17 @@ def test_closed_servers_stop_reporting(telemetry):
     found = points_by_name(telemetry.metric_reader)
     live = [n for n, (_, points) in found.items() if n != "dask.task.duration" and points]
     assert live == []
+
+
+def test_a_blocked_event_loop_shows_in_the_tick_maximum(telemetry):
+    import time
+
+    with (
+        LocalCluster(n_workers=1, processes=False, dashboard_address="127.0.0.1:0") as cluster,
+        Client(cluster) as client,
+    ):
+        client.run_on_scheduler(lambda: time.sleep(0.6))  # blocks the scheduler's loop
+        time.sleep(0.6)  # let Dask record the long tick
+        found = points_by_name(telemetry.metric_reader)
+        (point,) = found["dask.scheduler.event_loop.tick.max_duration"][1]
+        assert point.value >= 0.5
