@@ -32,6 +32,11 @@ class Settings:
     max_attribute_length: int
     max_task_events: int
     max_task_links: int
+    max_spans_per_graph: int
+    task_sample_ratio: float
+    keep_slower_than: float
+    include_prefixes: frozenset[str]
+    exclude_prefixes: frozenset[str]
     flush_timeout: float
     logs_enabled: bool
     logs_level: int
@@ -57,6 +62,13 @@ def _count(key: str, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"otel.{key} must be an integer >= {minimum}, got {value!r}")
     return value
+
+
+def _ratio(key: str) -> float:
+    value = _get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ConfigError(f"otel.{key} must be a number from 0 to 1, got {value!r}")
+    return float(value)
 
 
 def _seconds(key: str) -> float:
@@ -96,6 +108,11 @@ def load_settings() -> Settings:
         max_attribute_length=_count("max-attribute-length", 16),
         max_task_events=_count("task.max-events", 0),
         max_task_links=_count("task.max-links", 0),
+        max_spans_per_graph=_count("task.max-spans-per-graph", 0),
+        task_sample_ratio=_ratio("task.sample-ratio"),
+        keep_slower_than=_seconds("task.keep-slower-than"),
+        include_prefixes=frozenset(_names("task.include-prefixes")),
+        exclude_prefixes=frozenset(_names("task.exclude-prefixes")),
         flush_timeout=_seconds("flush-timeout"),
         logs_enabled=_bool("logs.enabled"),
         logs_level=_level("logs.level"),

@@ -22,6 +22,9 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 #: Name of the task annotation that carries the trace context.
 ANNOTATION = "otel"
+#: Appended to the (unsampled) carrier of a task whose spans the scheduler thinned out of
+#: a sampled trace: its worker still reports it if it fails or is slow.
+THINNED = ";thinned"
 
 _propagator = TraceContextTextMapPropagator()
 logger = logging.getLogger(__name__)
@@ -52,6 +55,31 @@ def task_span_id(carrier: trace.SpanContext, key: str) -> int:
     return int.from_bytes(digest, "big") or 1
 
 
+def keep_task(carrier: trace.SpanContext, key: str, ratio: float) -> bool:
+    """Whether ``key`` gets per-task spans when a share ``ratio`` of its graph does.
+
+    A deterministic hash (the task span id itself), so every process could agree; the
+    scheduler decides, and tells workers through the sampled flag of the task's carrier.
+    """
+    return ratio >= 1 or task_span_id(carrier, key) < ratio * 2**64
+
+
+def with_sampled(span_context: trace.SpanContext, sampled: bool) -> trace.SpanContext:
+    """``span_context`` with its sampled flag set to ``sampled``."""
+    flags = trace.TraceFlags(
+        (span_context.trace_flags | trace.TraceFlags.SAMPLED)
+        if sampled
+        else (span_context.trace_flags & ~trace.TraceFlags.SAMPLED)
+    )
+    return trace.SpanContext(
+        span_context.trace_id,
+        span_context.span_id,
+        is_remote=span_context.is_remote,
+        trace_flags=flags,
+        trace_state=span_context.trace_state,
+    )
+
+
 def encode(span_context: trace.SpanContext) -> str:
     """The ``traceparent`` header value for ``span_context``."""
     return (
@@ -65,11 +93,16 @@ def decode(value: object) -> trace.SpanContext | None:
     return _decode_traceparent(value) if isinstance(value, str) else None
 
 
+def thinned(value: object) -> bool:
+    """Whether an annotation marks a task thinned out of a sampled trace."""
+    return isinstance(value, str) and value.endswith(THINNED)
+
+
 @functools.lru_cache(maxsize=1024)
 def _decode_traceparent(value: str) -> trace.SpanContext | None:
     # Every task of a graph carries the same value: parse it once per process.
     span_context = trace.get_current_span(
-        _propagator.extract({"traceparent": value})
+        _propagator.extract({"traceparent": value.removesuffix(THINNED)})
     ).get_span_context()
     return span_context if span_context.is_valid else None
 

@@ -56,6 +56,7 @@ class _Task:
 
     __slots__ = (
         "attempts",
+        "compute_seconds",
         "dependencies",
         "dropped_events",
         "end_ns",
@@ -63,6 +64,7 @@ class _Task:
         "events",
         "graph",
         "group",
+        "kept",
         "key",
         "nbytes",
         "prefix",
@@ -72,8 +74,12 @@ class _Task:
         "workers",
     )
 
-    def __init__(self, key: Any, prefix: str, group: str, graph: _Graph, start_ns: int) -> None:
+    def __init__(
+        self, key: Any, prefix: str, group: str, graph: _Graph, start_ns: int, kept: bool
+    ) -> None:
         self.key = key
+        self.kept = kept
+        self.compute_seconds = 0.0
         self.prefix = prefix
         self.group = group
         self.graph = graph
@@ -168,6 +174,7 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         carrier = client_carrier if parent else ids.encode(graph.carrier)
         records = self._tasks
         states = scheduler.tasks
+        created = []
         for key in tasks:
             ts = states.get(key)
             # Only tasks this graph created are still released; the others (scattered
@@ -175,19 +182,44 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
             if ts is None or ts.state != "released" or key in records:
                 continue
             annotation = ts.annotations.get(ids.ANNOTATION) if ts.annotations else None
-            if annotation is None:
-                if ts.annotations is None:
-                    ts.annotations = {}
-                ts.annotations[ids.ANNOTATION] = carrier
-            elif annotation != carrier:
+            if annotation is not None and annotation != carrier:
                 continue  # created by an earlier graph: its span lives in that trace
-            records[key] = _Task(key, ts.prefix.name, ts.group.name, graph, now)
-            graph.pending += 1
+            created.append(ts)
+        ratio = self._span_ratio(len(created))
+        thinned = ids.encode(ids.with_sampled(graph.carrier, False)) + ids.THINNED
+        filtered = self._settings.include_prefixes or self._settings.exclude_prefixes
+        for ts in created:
+            prefix = ts.prefix.name
+            kept = not filtered or self._prefix_traced(prefix)
+            if kept and ratio < 1:
+                kept = ids.keep_task(graph.carrier, ids.key_to_str(ts.key), ratio)
+            if ts.annotations is None:
+                ts.annotations = {}
+            # The carrier's sampled flag tells the worker whether to trace the task.
+            ts.annotations[ids.ANNOTATION] = carrier if kept else thinned
+            records[ts.key] = _Task(ts.key, prefix, ts.group.name, graph, now, kept)
+        graph.pending = len(created)
         span.set_attribute("dask.graph.tasks", graph.pending)
+        if ratio < 1:
+            span.set_attribute("dask.graph.span_ratio", ratio)
         if graph.pending:
             self._graphs.add(graph)
         else:
             span.end(now)
+
+    def _span_ratio(self, tasks: int) -> float:
+        """Share of a graph's tasks that get per-task spans (``otel.task.*``)."""
+        settings = self._settings
+        ratio = settings.task_sample_ratio
+        if tasks * ratio > settings.max_spans_per_graph:
+            ratio = settings.max_spans_per_graph / tasks
+        return ratio
+
+    def _prefix_traced(self, prefix: str) -> bool:
+        settings = self._settings
+        if settings.include_prefixes and prefix not in settings.include_prefixes:
+            return False
+        return prefix not in settings.exclude_prefixes
 
     # -- structured events ----------------------------------------------------------------
 
@@ -227,14 +259,15 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
             record.worker = worker
             if worker is not None:
                 record.workers.append(worker)
-        event = (finish, now, stimulus_id, worker)
-        events = record.events
-        if len(events) < self._settings.max_task_events:
-            events.append(event)
-        else:
-            if events:  # keep the first states and always the latest: the final one shows
-                events[-1] = event
-            record.dropped_events += 1
+        if record.kept:  # thinned tasks record no events: nothing built for unsent spans
+            event = (finish, now, stimulus_id, worker)
+            events = record.events
+            if len(events) < self._settings.max_task_events:
+                events.append(event)
+            else:
+                if events:  # keep the first states and always the latest: the final one shows
+                    events[-1] = event
+                record.dropped_events += 1
         if finish in FINAL_STATES:
             self._finish(record, finish, now, kwargs)
 
@@ -242,6 +275,13 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         del self._tasks[record.key]
         record.state = state
         record.end_ns = now
+        graph = record.graph
+        graph.pending -= 1
+        if graph.pending == 0:
+            self._graphs.discard(graph)
+        for startstop in kwargs.get("startstops") or ():
+            if startstop.get("action") == "compute":
+                record.compute_seconds += startstop["stop"] - startstop["start"]
         ts = self._scheduler.tasks.get(record.key)  # type: ignore[union-attr]
         if state == "erred":
             record.error = {
@@ -251,18 +291,19 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
             if record.error["cause"] is None and ts is not None and ts.exception_blame:
                 # Dependents of a failed task are erred without kwargs; Dask blames one.
                 record.error["cause"] = ts.exception_blame.key
-        if ts is not None:
-            if state == "memory" and ts.nbytes >= 0:
-                record.nbytes = ts.nbytes
-            record.dependencies = [
-                (dts.key, dts.annotations.get(ids.ANNOTATION) if dts.annotations else None)
-                for dts in islice(ts.dependencies, self._settings.max_task_links)
-            ]
-        self._emitter.submit(self._emit_task, record)  # type: ignore[union-attr]
-        graph = record.graph
-        graph.pending -= 1
+        # Thinned tasks still get a span when they failed or were slow: the worker, which
+        # sees the same failure and compute time, emits its execute span too.
+        failed = state == "erred" and record.error["cause"] in (None, record.key)  # type: ignore[index]
+        if record.kept or failed or record.compute_seconds > self._settings.keep_slower_than:
+            if ts is not None:
+                if state == "memory" and ts.nbytes >= 0:
+                    record.nbytes = ts.nbytes
+                record.dependencies = [
+                    (dts.key, dts.annotations.get(ids.ANNOTATION) if dts.annotations else None)
+                    for dts in islice(ts.dependencies, self._settings.max_task_links)
+                ]
+            self._emitter.submit(self._emit_task, record)  # type: ignore[union-attr]
         if graph.pending == 0:
-            self._graphs.discard(graph)
             self._emitter.submit(graph.span.end, now)  # type: ignore[union-attr]
 
     # -- emission (background thread) -----------------------------------------------------
@@ -355,8 +396,8 @@ def _dependency_links(dependencies: list[tuple[Any, Any]]) -> list[Link]:
     links = []
     for key, annotation in dependencies:
         carrier = ids.decode(annotation)
-        if carrier is None:
-            continue  # not traced (scattered data, an untraced graph): no span to link
+        if carrier is None or not carrier.trace_flags.sampled:
+            continue  # no span to link: scattered data, an untraced graph, a thinned task
         span_id = ids.task_span_id(carrier, ids.key_to_str(key))
         context = trace.SpanContext(
             carrier.trace_id, span_id, is_remote=False, trace_flags=carrier.trace_flags

@@ -114,15 +114,33 @@ class ExecuteTracer(_InstancePatch):
 
     async def execute(self, key: Any, *, stimulus_id: str) -> Any:
         ts = self.worker.state.tasks.get(key)
-        annotations = ts.annotations if ts is not None else None
-        carrier = ids.decode(annotations.get(ids.ANNOTATION)) if annotations else None
+        annotation = ts.annotations.get(ids.ANNOTATION) if ts and ts.annotations else None
+        carrier = ids.decode(annotation)
         if carrier is None or not carrier.trace_flags.sampled:
             result = await self.original(key, stimulus_id=stimulus_id)
         else:
             result = await self._execute_traced(key, ts.prefix, carrier, stimulus_id)  # type: ignore[union-attr]
         if ts is not None and isinstance(result, (ExecuteSuccessEvent, ExecuteFailureEvent)):
             self._record_duration(ts.prefix, result)
+            if ids.thinned(annotation) and self._keep_anyway(result):
+                self._emit_late(key, ts.prefix, carrier, result)  # type: ignore[arg-type]
         return result
+
+    def _keep_anyway(self, result: Any) -> bool:
+        """A thinned task's attempt that failed or was slow is reported all the same."""
+        if isinstance(result, ExecuteFailureEvent):
+            return True
+        return (result.stop - result.start) > self.settings.keep_slower_than
+
+    def _emit_late(self, key: Any, prefix: str, carrier: trace.SpanContext, result: Any) -> None:
+        """The execute span of a thinned task, after the fact (nothing nests under it)."""
+        try:
+            span = self._start(
+                key, prefix, ids.with_sampled(carrier, True), int(result.start * 1e9)
+            )
+            self._finish(span, key, result, int(result.stop * 1e9))
+        except Exception:
+            self._report_failure()
 
     async def _execute_traced(
         self, key: Any, prefix: str, carrier: trace.SpanContext, stimulus_id: str
@@ -150,12 +168,15 @@ class ExecuteTracer(_InstancePatch):
             self._report_failure()
         return result
 
-    def _start(self, key: Any, prefix: str, carrier: trace.SpanContext) -> trace.Span:
+    def _start(
+        self, key: Any, prefix: str, carrier: trace.SpanContext, start_time: int | None = None
+    ) -> trace.Span:
         key_str = ids.key_to_str(key)
         limit = self.settings.max_attribute_length
         return self.tracer.start_span(
             f"execute {prefix}",
             context=ids.task_context(carrier, key_str),
+            start_time=start_time,
             attributes={
                 **self.static_attributes,
                 "dask.task.key": ids.cap(key_str, limit),
@@ -198,7 +219,7 @@ class ExecuteTracer(_InstancePatch):
         self.static_attributes["dask.cluster.id"] = identity["id"]
         logs.identity["dask.cluster.id"] = identity["id"]
 
-    def _finish(self, span: trace.Span, key: Any, result: Any) -> None:
+    def _finish(self, span: trace.Span, key: Any, result: Any, end_time: int | None = None) -> None:
         thread = self.worker.threads.get(key)
         if thread is not None:
             span.set_attribute("thread.id", thread)
@@ -212,7 +233,7 @@ class ExecuteTracer(_InstancePatch):
                 result.traceback_text,
                 self.settings.max_attribute_length,
             )
-        span.end()
+        span.end(end_time)
 
 
 class DaskOtelWorkerPlugin(WorkerPlugin):

@@ -561,3 +561,65 @@ def test_execute_span_is_current_in_the_task_thread(telemetry):
     assert len(executes) == 2
     assert {first, second} == {s.context.span_id for s in executes}
     assert trace.get_current_span().get_span_context().span_id == 0
+
+
+# -- thinning ---------------------------------------------------------------------------
+
+
+def slow(x):
+    import time
+
+    time.sleep(0.3)
+    return x
+
+
+def test_large_graphs_are_thinned_deterministically(telemetry):
+    with (
+        dask.config.set({"otel.task.max-spans-per-graph": 10}),
+        cluster_and_client() as (_, client),
+    ):
+        futures = client.map(inc, range(40))
+        assert client.gather(futures) == list(range(1, 41))
+        flush_scheduler(client)
+        keys = [f.key for f in futures]
+
+    (graph,) = telemetry.spans("graph")
+    assert graph.attributes["dask.graph.tasks"] == 40
+    assert graph.attributes["dask.graph.span_ratio"] == 0.25
+    carrier = carrier_of(telemetry.spans(), graph.context.trace_id)
+    expected = {k for k in keys if ids.keep_task(carrier, k, 0.25)}
+    assert 0 < len(expected) < 40
+    tasks = {s.attributes["dask.task.key"] for s in telemetry.spans("task inc")}
+    executes = {s.attributes["dask.task.key"] for s in telemetry.spans("execute inc")}
+    assert tasks == executes == expected
+    assert_task_ids_line_up(telemetry.spans())
+
+
+def test_excluded_prefixes_get_no_task_spans(telemetry):
+    with (
+        dask.config.set({"otel.task.exclude-prefixes": ["inc"]}),
+        cluster_and_client() as (_, client),
+    ):
+        assert client.submit(sum, client.map(inc, range(3))).result() == 6
+        flush_scheduler(client)
+    assert not telemetry.spans("task inc") and not telemetry.spans("execute inc")
+    assert telemetry.spans("task sum") and telemetry.spans("execute sum")
+
+
+def test_thinned_tasks_that_fail_or_are_slow_are_kept(telemetry):
+    settings = {"otel.task.sample-ratio": 0.0, "otel.task.keep-slower-than": "100ms"}
+    with dask.config.set(settings), cluster_and_client() as (_, client):
+        with pytest.raises(ValueError):
+            client.submit(fail, 1, retries=1).result()
+        assert client.submit(slow, 5).result() == 5
+        assert client.gather(client.map(inc, range(5))) == [1, 2, 3, 4, 5]
+        flush_scheduler(client)
+
+    assert not telemetry.spans("task inc") and not telemetry.spans("execute inc")
+    (failed,) = telemetry.spans("task fail")
+    assert failed.status.status_code == StatusCode.ERROR
+    assert len(telemetry.spans("execute fail")) == 2
+    (slow_task,) = telemetry.spans("task slow")
+    (slow_execute,) = telemetry.spans("execute slow")
+    assert slow_execute.parent.span_id == slow_task.context.span_id
+    assert slow_execute.end_time - slow_execute.start_time >= 0.25e9
