@@ -22,6 +22,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import dask
+import yaml
 from distributed import Client, LocalCluster
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
@@ -108,7 +110,15 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--export", choices=["discard", "otlp"], default="discard")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="dask config for the instrumented rounds, e.g. otel.task.sample-ratio=0",
+    )
     args = parser.parse_args()
+    settings = {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in args.set)}
 
     exporter, receiver = make_exporter(args.export)
     provider = TracerProvider()
@@ -127,7 +137,8 @@ def main() -> None:
             plain = one_round(args.tasks)
             instrumentor.instrument(tracer_provider=provider, meter_provider=meter_provider)
             try:
-                traced = one_round(args.tasks)
+                with dask.config.set(settings):
+                    traced = one_round(args.tasks)
             finally:
                 instrumentor.uninstrument()
             provider.force_flush()
@@ -148,7 +159,8 @@ def main() -> None:
 
     per_task_us = 1e6 * (statistics.median(traced_times) - statistics.median(plain_times))
     print(
-        f"\n{args.tasks} no-op tasks, {args.rounds} interleaved rounds, export={args.export}\n"
+        f"\n{args.tasks} no-op tasks, {args.rounds} interleaved rounds, export={args.export}"
+        f" {' '.join(args.set)}\n"
         f"wall ratio  median {statistics.median(ratios):.3f}  "
         f"min {min(ratios):.3f}  max {max(ratios):.3f}\n"
         f"cpu ratio   median {statistics.median(cpu_ratios):.3f}  "

@@ -81,6 +81,33 @@ INSTRUMENTS: dict[str, Instrument] = {
         "gauge", "s", "Longest event-loop tick since the previous collection"
     ),
     "dask.scheduler.gc.time": Instrument("counter", "s", "Time spent in garbage collection"),
+    "dask.scheduler.gil.contention": Instrument(
+        "counter", "s", "GIL contention (only when Dask monitors it, with gilknocker)"
+    ),
+    "dask.scheduler.stealing.requests": Instrument(
+        "counter", "{request}", "Work-stealing requests", ("dask.stealing.cost_multiplier",)
+    ),
+    "dask.scheduler.stealing.cost": Instrument(
+        "counter", "1", "Cost of work-stealing requests", ("dask.stealing.cost_multiplier",)
+    ),
+    "dask.scheduler.semaphore.leases.max": Instrument(
+        "gauge", "{lease}", "Leases a semaphore allows", ("dask.semaphore.name",)
+    ),
+    "dask.scheduler.semaphore.leases.active": Instrument(
+        "gauge", "{lease}", "Leases held", ("dask.semaphore.name",)
+    ),
+    "dask.scheduler.semaphore.leases.pending": Instrument(
+        "gauge", "{lease}", "Leases waited for", ("dask.semaphore.name",)
+    ),
+    "dask.scheduler.semaphore.acquired": Instrument(
+        "counter", "{lease}", "Leases acquired", ("dask.semaphore.name",)
+    ),
+    "dask.scheduler.semaphore.released": Instrument(
+        "counter", "{lease}", "Leases released", ("dask.semaphore.name",)
+    ),
+    "dask.scheduler.semaphore.pending_time": Instrument(
+        "gauge", "s", "Moving average of the wait for a lease", ("dask.semaphore.name",)
+    ),
     "dask.task.compute.time": Instrument(
         "counter", "s", "Compute time of finished tasks", ("dask.task.prefix",)
     ),
@@ -134,6 +161,9 @@ INSTRUMENTS: dict[str, Instrument] = {
         "gauge", "s", "Longest event-loop tick since the previous collection"
     ),
     "dask.worker.gc.time": Instrument("counter", "s", "Time spent in garbage collection"),
+    "dask.worker.gil.contention": Instrument(
+        "counter", "s", "GIL contention (only when Dask monitors it, with gilknocker)"
+    ),
     "dask.worker.activity.time": Instrument(
         "counter",
         "s",
@@ -171,7 +201,8 @@ DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 #: Bucket boundaries (bytes) for transfer sizes: 1 kB to 10 GB.
 SIZE_BUCKETS = tuple(10.0**e for e in range(3, 11))
 
-Observer = Callable[[Any, Attributes], Iterator[tuple[str, float, Attributes]]]
+Points = Iterator[tuple[str, float, Attributes]]
+Observer = Callable[[Any, Attributes], Points]
 
 
 def _tick_max(server: Any) -> float:
@@ -230,7 +261,33 @@ def _observe_scheduler(s: Any, base: Attributes) -> Iterator[tuple[str, float, A
     yield "dask.scheduler.tasks.forgotten", forgotten, base
     for state, count in totals.items():
         yield "dask.scheduler.tasks", count, {**base, "dask.task.state": state}
+    yield from _observe_extensions(dict(s.extensions), base)
     yield from _observe_server(s, "dask.scheduler", base)
+
+
+def _observe_extensions(extensions: dict[str, Any], base: Attributes) -> Points:
+    """Work stealing and semaphores, as Dask's extension collectors report them."""
+    stealing = extensions.get("stealing")
+    if stealing is not None:
+        counts = dict(stealing.metrics["request_count_total"])
+        costs = dict(stealing.metrics["request_cost_total"])
+        for level, multiplier in enumerate(stealing.cost_multipliers):
+            attributes = {**base, "dask.stealing.cost_multiplier": multiplier}
+            yield "dask.scheduler.stealing.requests", counts.get(level, 0), attributes
+            yield "dask.scheduler.stealing.cost", costs.get(level, 0), attributes
+    semaphores = extensions.get("semaphores")
+    if semaphores is not None:
+        metrics_by_kind = {kind: dict(values) for kind, values in semaphores.metrics.items()}
+        for name, max_leases in list(semaphores.max_leases.items()):
+            attributes = {**base, "dask.semaphore.name": str(name)}
+            ns = "dask.scheduler.semaphore"
+            yield f"{ns}.leases.max", max_leases, attributes
+            yield f"{ns}.leases.active", len(semaphores.leases.get(name, ())), attributes
+            yield f"{ns}.leases.pending", metrics_by_kind["pending"].get(name, 0), attributes
+            yield f"{ns}.acquired", metrics_by_kind["acquire_total"].get(name, 0), attributes
+            yield f"{ns}.released", metrics_by_kind["release_total"].get(name, 0), attributes
+            pending_time = metrics_by_kind["average_pending_lease_time"].get(name, 0)
+            yield f"{ns}.pending_time", pending_time, attributes
 
 
 def _observe_server(
@@ -242,6 +299,8 @@ def _observe_server(
     yield f"{ns}.event_loop.ticks", server._tick_counter, base
     yield f"{ns}.event_loop.tick.max_duration", _tick_max(server), base
     yield f"{ns}.gc.time", gc_collect_duration(), base
+    if server.monitor.monitor_gil_contention:
+        yield f"{ns}.gil.contention", server.monitor.cumulative_gil_contention, base
 
 
 def _fine_performance_metrics(

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import dask.array as da
-from distributed import Client, LocalCluster
+from distributed import Client, LocalCluster, Semaphore
 
 from dask_otel.metrics import INSTRUMENTS
 
-#: Instruments that need something this workload does not do.
-NOT_EXERCISED = {"dask.worker.spill.time"}
+#: Instruments that need something this workload does not do (spilling; gilknocker).
+NOT_EXERCISED = {
+    "dask.worker.spill.time",
+    "dask.scheduler.gil.contention",
+    "dask.worker.gil.contention",
+}
 
 
 def points_by_name(reader) -> dict[str, tuple[str, list]]:
@@ -31,6 +35,8 @@ def test_every_instrument_reports_with_identity(telemetry):
         assert float((x @ x.T).sum().compute()) == 200.0**3
         futures = client.map(lambda i: i, range(7), key=[f"ident-{i}" for i in range(7)])
         client.gather(futures)
+        with Semaphore(max_leases=2, name="database"):
+            pass
         cluster_id = client.scheduler_info()["id"]
         workers = set(client.scheduler_info()["workers"])
         found = points_by_name(telemetry.metric_reader)
@@ -65,6 +71,8 @@ def test_every_instrument_reports_with_identity(telemetry):
         and p.attributes["dask.task.state"] == "memory"
     ]
     assert ident_memory.value == 7
+    _, acquired = found["dask.scheduler.semaphore.acquired"]
+    assert [(p.attributes["dask.semaphore.name"], p.value) for p in acquired] == [("database", 1)]
     _, workers_by_state = found["dask.scheduler.workers"]
     assert sum(p.value for p in workers_by_state) == 2
 
