@@ -9,9 +9,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from distributed import Client, LocalCluster
 from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
 from opentelemetry.sdk.metrics import MeterProvider
@@ -62,6 +64,17 @@ def telemetry() -> Iterator[Telemetry]:
         t.tracer_provider.shutdown()
         t.logger_provider.shutdown()
         t.meter_provider.shutdown()
+
+
+@contextmanager
+def in_process_cluster(n_workers: int = 2, **kwargs) -> Iterator[Client]:
+    """A client of an in-process LocalCluster (one thread per worker, loopback only)."""
+    options = {"threads_per_worker": 1, "processes": False, "dashboard_address": "127.0.0.1:0"}
+    with (
+        LocalCluster(n_workers=n_workers, **{**options, **kwargs}) as cluster,
+        Client(cluster) as client,
+    ):
+        yield client
 
 
 def flush_scheduler(client) -> None:

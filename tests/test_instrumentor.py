@@ -5,8 +5,7 @@ from __future__ import annotations
 from importlib.metadata import distribution, entry_points
 
 import pytest
-from conftest import flush_scheduler
-from distributed import Client, LocalCluster
+from conftest import flush_scheduler, in_process_cluster
 
 import dask_otel
 from dask_otel.package import _instruments
@@ -45,10 +44,7 @@ def test_dashed_commands_are_declared():
 @pytest.mark.parametrize("names", ["dask", "requests, dask ,flask"])
 def test_disabled_instrumentations_switch_dask_otel_off(telemetry, monkeypatch, names):
     monkeypatch.setenv("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", names)
-    with (
-        LocalCluster(n_workers=1, processes=False, dashboard_address="127.0.0.1:0") as cluster,
-        Client(cluster) as client,
-    ):
+    with in_process_cluster(n_workers=1) as client:
         assert client.submit(sum, [1, 2]).result() == 3
         flush_scheduler(client)
     assert telemetry.spans() == []
@@ -56,10 +52,7 @@ def test_disabled_instrumentations_switch_dask_otel_off(telemetry, monkeypatch, 
 
 def test_other_disabled_instrumentations_leave_dask_otel_on(telemetry, monkeypatch):
     monkeypatch.setenv("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", "requests,daskish")
-    with (
-        LocalCluster(n_workers=1, processes=False, dashboard_address="127.0.0.1:0") as cluster,
-        Client(cluster) as client,
-    ):
+    with in_process_cluster(n_workers=1) as client:
         assert client.submit(sum, [1, 2]).result() == 3
         flush_scheduler(client)
     assert {s.name for s in telemetry.spans()} == {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from conftest import flush_scheduler
+from conftest import flush_scheduler, in_process_cluster
 from distributed import Client, LocalCluster
 
 
@@ -20,13 +20,8 @@ def fail(x: int) -> int:
 
 @pytest.fixture
 def cluster_client(telemetry):
-    with (
-        LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=False, dashboard_address="127.0.0.1:0"
-        ) as cluster,
-        Client(cluster) as client,
-    ):
-        yield cluster, client
+    with in_process_cluster() as client:
+        yield client
 
 
 def records(telemetry, predicate):
@@ -34,7 +29,7 @@ def records(telemetry, predicate):
 
 
 def test_task_log_record_carries_task_and_span(telemetry, cluster_client):
-    _, client = cluster_client
+    client = cluster_client
     future = client.submit(log_marker, 5)
     assert future.result() == 5
     flush_scheduler(client)
@@ -50,7 +45,7 @@ def test_task_log_record_carries_task_and_span(telemetry, cluster_client):
 
 
 def test_compute_failed_record_is_correlated_and_described(telemetry, cluster_client):
-    _, client = cluster_client
+    client = cluster_client
     future = client.submit(fail, 3)
     with pytest.raises(ValueError, match="broken 3"):
         future.result()
@@ -69,7 +64,7 @@ def test_compute_failed_record_is_correlated_and_described(telemetry, cluster_cl
 
 
 def test_removed_worker_is_an_event_record(telemetry, cluster_client):
-    _, client = cluster_client
+    client = cluster_client
     address = next(iter(client.scheduler_info()["workers"]))
     client.retire_workers([address])
     flush_scheduler(client)
@@ -97,7 +92,7 @@ def test_logs_can_be_switched_off(telemetry):
 
 
 def test_events_published_in_one_tick_are_all_exported(telemetry, cluster_client):
-    _, client = cluster_client
+    client = cluster_client
 
     def publish(dask_scheduler):
         dask_scheduler.log_event("my-topic", {"action": "first"})

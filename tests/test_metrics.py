@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dask.array as da
-from distributed import Client, LocalCluster, Semaphore
+from conftest import in_process_cluster
+from distributed import Semaphore
 
 from dask_otel.metrics import INSTRUMENTS
 
@@ -25,12 +26,7 @@ def points_by_name(reader) -> dict[str, tuple[str, list]]:
 
 
 def test_every_instrument_reports_with_identity(telemetry):
-    with (
-        LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=False, dashboard_address="127.0.0.1:0"
-        ) as cluster,
-        Client(cluster) as client,
-    ):
+    with in_process_cluster() as client:
         x = da.ones((200, 200), chunks=50)
         assert float((x @ x.T).sum().compute()) == 200.0**3
         futures = client.map(lambda i: i, range(7), key=[f"ident-{i}" for i in range(7)])
@@ -78,10 +74,7 @@ def test_every_instrument_reports_with_identity(telemetry):
 
 
 def test_closed_servers_stop_reporting(telemetry):
-    with (
-        LocalCluster(n_workers=1, processes=False, dashboard_address="127.0.0.1:0") as cluster,
-        Client(cluster) as client,
-    ):
+    with in_process_cluster(n_workers=1) as client:
         assert client.submit(sum, [1, 2]).result() == 3
     # Readers keep working after the cluster is gone; no point comes from the dead servers.
     found = points_by_name(telemetry.metric_reader)
@@ -92,10 +85,7 @@ def test_closed_servers_stop_reporting(telemetry):
 def test_a_blocked_event_loop_shows_in_the_tick_maximum(telemetry):
     import time
 
-    with (
-        LocalCluster(n_workers=1, processes=False, dashboard_address="127.0.0.1:0") as cluster,
-        Client(cluster) as client,
-    ):
+    with in_process_cluster(n_workers=1) as client:
         client.run_on_scheduler(lambda: time.sleep(0.6))  # blocks the scheduler's loop
         time.sleep(0.6)  # let Dask record the long tick
         found = points_by_name(telemetry.metric_reader)

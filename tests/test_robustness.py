@@ -10,8 +10,7 @@ import textwrap
 import time
 
 import pytest
-from conftest import flush_scheduler
-from distributed import Client, LocalCluster
+from conftest import flush_scheduler, in_process_cluster
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
@@ -29,10 +28,7 @@ def plugin_state(dask_scheduler) -> tuple[int, int]:
 
 
 def test_scattered_data_is_not_recorded_and_graphs_end(telemetry):
-    with (
-        LocalCluster(n_workers=1, processes=False, dashboard_address="127.0.0.1:0") as cluster,
-        Client(cluster) as client,
-    ):
+    with in_process_cluster(n_workers=1) as client:
         x = client.scatter(41)
         assert client.submit(inc, x).result() == 42
         flush_scheduler(client)
@@ -55,12 +51,7 @@ def test_failing_span_processor_changes_no_result():
     provider.add_span_processor(FailingProcessor())
     dask_otel.DaskInstrumentor().instrument(tracer_provider=provider)
     try:
-        with (
-            LocalCluster(
-                n_workers=2, threads_per_worker=1, processes=False, dashboard_address="127.0.0.1:0"
-            ) as cluster,
-            Client(cluster) as client,
-        ):
+        with in_process_cluster() as client:
             assert client.submit(sum, client.map(inc, range(10))).result() == 55
             with pytest.raises(ZeroDivisionError):
                 client.submit(lambda: 1 / 0).result()
