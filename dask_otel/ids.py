@@ -80,6 +80,13 @@ def with_sampled(span_context: trace.SpanContext, sampled: bool) -> trace.SpanCo
     )
 
 
+def task_link(carrier: trace.SpanContext, key: str, relation: str) -> trace.Link:
+    """A link to the ``task`` span of ``key`` (``dask.link`` says how it relates)."""
+    span_id = task_span_id(carrier, key)
+    context = trace.SpanContext(carrier.trace_id, span_id, False, carrier.trace_flags)
+    return trace.Link(context, {"dask.link": relation})
+
+
 def encode(span_context: trace.SpanContext) -> str:
     """The ``traceparent`` header value for ``span_context``."""
     return (

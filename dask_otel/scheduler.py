@@ -398,9 +398,5 @@ def _dependency_links(dependencies: list[tuple[Any, Any]]) -> list[Link]:
         carrier = ids.decode(annotation)
         if carrier is None or not carrier.trace_flags.sampled:
             continue  # no span to link: scattered data, an untraced graph, a thinned task
-        span_id = ids.task_span_id(carrier, ids.key_to_str(key))
-        context = trace.SpanContext(
-            carrier.trace_id, span_id, is_remote=False, trace_flags=carrier.trace_flags
-        )
-        links.append(Link(context, {"dask.link": "dependency"}))
+        links.append(ids.task_link(carrier, ids.key_to_str(key), "dependency"))
     return links

@@ -1,9 +1,10 @@
-"""Worker plugin: an ``execute <prefix>`` span per task attempt.
+"""Worker plugin: ``execute <prefix>`` per task attempt, ``transfer`` and ``get_data``.
 
-The span's parent is the task's ``task`` span on the scheduler, named by its
-deterministic id, so no message is added and nobody waits. It is current while the task
-runs: ``Worker.execute`` hands contextvars to the executor thread, so user spans nest
-under it and user log records carry its ids.
+Each span's parent is a ``task`` span on the scheduler, named by its deterministic id, so
+no message is added and nobody waits: the task that ran (``execute``), a task whose
+inputs were fetched (``transfer``), the task that produced the data sent (``get_data``).
+``execute`` is current while the task runs: ``Worker.execute`` hands contextvars to the
+executor thread, so user spans nest under it and user log records carry its ids.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from distributed.worker_state_machine import (
     RescheduleEvent,
 )
 from opentelemetry import context, trace
-from opentelemetry.trace import Status, StatusCode
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from dask_otel import errors, ids, logs, metrics, telemetry
 from dask_otel.activation import activate
@@ -61,8 +62,20 @@ class _InstancePatch:
             delattr(self.worker, self.name)
 
 
-class TransferMeter(_InstancePatch):
-    """Times every dependency fetch (``gather_dep``) and sizes what it received."""
+def _traced_task(annotations: dict | None, key: Any) -> tuple[trace.SpanContext, str] | None:
+    """(carrier, key text) of a task whose spans are recorded, else None."""
+    carrier = ids.decode(annotations.get(ids.ANNOTATION)) if annotations else None
+    if carrier is None or not carrier.trace_flags.sampled:
+        return None
+    return carrier, ids.key_to_str(key)
+
+
+class TransferTracer(_InstancePatch):
+    """``transfer`` spans and metrics for every dependency fetch (``gather_dep``).
+
+    The span joins the trace of a task whose inputs it fetched (its ``task`` span is the
+    deterministic parent); the other tasks it served are links.
+    """
 
     name = "gather_dep"
     OUTCOMES: ClassVar[dict[type, str]] = {
@@ -72,25 +85,131 @@ class TransferMeter(_InstancePatch):
         GatherDepFailureEvent: "error",
     }
 
-    def __init__(self, worker: Worker, sources: metrics.Sources, attributes: dict) -> None:
+    def __init__(
+        self,
+        worker: Worker,
+        tracer: trace.Tracer,
+        sources: metrics.Sources,
+        attributes: dict,
+        settings: Settings,
+    ) -> None:
         super().__init__(worker)
+        self.tracer = tracer
         self.sources = sources
         self.attributes = attributes
+        self.settings = settings
 
     async def gather_dep(
         self, worker: str, to_gather: Any, total_nbytes: int, *, stimulus_id: str
     ) -> Any:
         start = perf_counter()
-        result = await self.original(worker, to_gather, total_nbytes, stimulus_id=stimulus_id)
+        try:
+            span = self._start(worker, to_gather, total_nbytes)
+        except Exception:
+            logger.debug("dask-otel: cannot trace a transfer", exc_info=True)
+            span = None
+        token = context.attach(trace.set_span_in_context(span)) if span is not None else None
+        try:
+            result = await self.original(worker, to_gather, total_nbytes, stimulus_id=stimulus_id)
+        finally:
+            if token is not None:
+                context.detach(token)
         outcome = self.OUTCOMES.get(type(result), "other")
         attributes = {**self.attributes, "dask.transfer.outcome": outcome}
         try:
             self.sources.transfer_duration.record(perf_counter() - start, attributes)
             if outcome == "success":
                 self.sources.transfer_received.record(total_nbytes, attributes)
+            if span is not None:
+                span.set_attribute("dask.transfer.outcome", outcome)
+                if outcome in ("network_failure", "error"):
+                    span.set_status(Status(StatusCode.ERROR, outcome))
+                span.end()
         except Exception:
             logger.debug("dask-otel: cannot record a transfer", exc_info=True)
         return result
+
+    def _start(self, peer: str, keys: Any, nbytes: int) -> trace.Span | None:
+        served = []
+        tasks = self.worker.state.tasks
+        for key in keys:
+            ts = tasks.get(key)
+            for dependent in ts.dependents if ts is not None else ():
+                traced = _traced_task(dependent.annotations, dependent.key)
+                if traced is not None:
+                    served.append(traced)
+            if len(served) > self.settings.max_task_links:
+                break
+        if not served:
+            return None
+        (carrier, key), others = served[0], served[1 : self.settings.max_task_links + 1]
+        return self.tracer.start_span(
+            "transfer",
+            context=ids.task_context(carrier, key),
+            kind=SpanKind.CLIENT,
+            links=[ids.task_link(c, k, "served") for c, k in others],
+            attributes={
+                **self.attributes,
+                "network.peer.address": peer,
+                "dask.transfer.keys": len(keys),
+                "dask.transfer.bytes": nbytes,
+            },
+        )
+
+
+class GetDataTracer:
+    """``get_data`` spans: this worker sending data to a peer, in the producer's trace."""
+
+    def __init__(self, worker: Worker, tracer: trace.Tracer, attributes: dict) -> None:
+        self.worker = worker
+        self.tracer = tracer
+        self.attributes = attributes
+        self.original = worker.handlers["get_data"]
+
+    def install(self) -> None:
+        self.worker.handlers["get_data"] = self.get_data
+
+    def uninstall(self) -> None:
+        if self.worker.handlers.get("get_data") == self.get_data:
+            self.worker.handlers["get_data"] = self.original
+
+    async def get_data(self, comm: Any, **kwargs: Any) -> Any:
+        try:
+            span = self._start(comm, kwargs.get("keys") or (), kwargs.get("who"))
+        except Exception:
+            logger.debug("dask-otel: cannot trace get_data", exc_info=True)
+            span = None
+        if span is None:
+            return await self.original(comm, **kwargs)
+        with trace.use_span(span, end_on_exit=True):
+            result = await self.original(comm, **kwargs)
+            if isinstance(result, dict) and result.get("status") == "busy":
+                span.set_attribute("dask.transfer.outcome", "busy")
+            return result
+
+    def _start(self, comm: Any, keys: Any, who: str | None) -> trace.Span | None:
+        tasks = self.worker.state.tasks
+        produced = None
+        nbytes = 0
+        for key in keys:
+            ts = tasks.get(key)
+            if ts is None:
+                continue
+            nbytes += ts.nbytes or 0
+            produced = produced or _traced_task(ts.annotations, key)
+        if produced is None:
+            return None
+        return self.tracer.start_span(
+            "get_data",
+            context=ids.task_context(*produced),
+            kind=SpanKind.SERVER,
+            attributes={
+                **self.attributes,
+                "network.peer.address": who or getattr(comm, "peer_address", ""),
+                "dask.transfer.keys": len(keys),
+                "dask.transfer.bytes": nbytes,
+            },
+        )
 
 
 class ExecuteTracer(_InstancePatch):
@@ -262,9 +381,14 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
         self._tracer = ExecuteTracer(
             worker, self._providers.tracer(), sources.task_duration, settings
         )
-        self._meter = TransferMeter(worker, sources, self._tracer.static_attributes)
-        self._tracer.install()
-        self._meter.install()
+        attributes = self._tracer.static_attributes
+        self._patches = (
+            self._tracer,
+            TransferTracer(worker, self._tracer.tracer, sources, attributes, settings),
+            GetDataTracer(worker, self._tracer.tracer, attributes),
+        )
+        for patch in self._patches:
+            patch.install()
         metrics.observe_worker(meter_provider, worker, self._tracer.static_attributes)
         logs.add_worker(worker.address)
         self._identity = asyncio.create_task(self._tracer.fetch_cluster_id())
@@ -272,8 +396,8 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
     async def teardown(self, worker: Worker) -> None:
         if self._tracer is None:
             return
-        self._tracer.uninstall()
-        self._meter.uninstall()
+        for patch in self._patches:
+            patch.uninstall()
         self._tracer = None
         self._identity.cancel()
         # The last collection still reads this worker: flush first, then let it go.

@@ -60,4 +60,5 @@ def test_other_disabled_instrumentations_leave_dask_otel_on(telemetry, monkeypat
         "graph",
         "task sum",
         "execute sum",
+        "get_data",  # the client fetching the result
     }

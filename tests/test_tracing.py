@@ -130,7 +130,12 @@ def test_one_trace_per_submission(telemetry):
     spans = telemetry.spans()
     traces = by_trace(spans)
     assert len(traces) == 2
-    shapes = sorted(sorted(s.name for s in trace_spans) for trace_spans in traces.values())
+    # Data movement (transfer, get_data: also the client fetching results) is tested below.
+    moving = {"transfer", "get_data"}
+    shapes = sorted(
+        sorted(s.name for s in trace_spans if s.name not in moving)
+        for trace_spans in traces.values()
+    )
     assert shapes == [
         ["compute inc", "execute inc", "execute inc", "execute inc", "graph"] + ["task inc"] * 3,
         ["compute sum", "execute sum", "graph", "task sum"],
@@ -535,7 +540,8 @@ def test_instrument_client_twice_then_uninstrument(telemetry):
         assert client.submit(inc, 1).result() == 2
         flush_scheduler(client)
         names = sorted(s.name for s in telemetry.spans())
-        assert names == ["compute inc", "execute inc", "graph", "task inc"]
+        # get_data: the client fetching the result from the worker.
+        assert names == ["compute inc", "execute inc", "get_data", "graph", "task inc"]
 
         dask_otel.uninstrument(client)
         assert "dask-otel" not in scheduler_plugins(client)
@@ -543,7 +549,7 @@ def test_instrument_client_twice_then_uninstrument(telemetry):
         assert not any(client.run(lambda dask_worker: "execute" in vars(dask_worker)).values())
 
         assert client.submit(inc, 2).result() == 3
-        assert len(telemetry.spans()) == 4  # nothing new
+        assert len(telemetry.spans()) == 5  # nothing new
 
 
 def test_execute_span_is_current_in_the_task_thread(telemetry):
@@ -623,3 +629,37 @@ def test_thinned_tasks_that_fail_or_are_slow_are_kept(telemetry):
     (slow_execute,) = telemetry.spans("execute slow")
     assert slow_execute.parent.span_id == slow_task.context.span_id
     assert slow_execute.end_time - slow_execute.start_time >= 0.25e9
+
+
+# -- transfers ------------------------------------------------------------------------------
+
+
+def test_transfer_and_get_data_join_the_traces_of_their_tasks(telemetry):
+    with cluster_and_client() as (_, client):
+        a, b = sorted(client.scheduler_info()["workers"])
+        x = client.submit(inc, 1, workers=[a], key="x-1")
+        y = client.submit(inc, x, workers=[b], key="y-1")
+        assert y.result() == 3
+        flush_scheduler(client)
+
+    spans = telemetry.spans()
+    task_x, task_y = only(spans, "task x"), only(spans, "task y")
+    transfer = only(spans, "transfer")
+    # x is sent to worker b; y's result to the client, also a get_data (in y's trace).
+    (get_data,) = [
+        s for s in spans if s.name == "get_data" and s.attributes["dask.worker.address"] == a
+    ]
+    # Fetching y's input on worker b: in y's trace, under y's task span.
+    assert transfer.parent.span_id == task_y.context.span_id
+    assert transfer.context.trace_id == task_y.context.trace_id
+    assert transfer.kind == SpanKind.CLIENT
+    assert transfer.attributes["dask.worker.address"] == b
+    assert transfer.attributes["network.peer.address"] == a
+    assert transfer.attributes["dask.transfer.keys"] == 1
+    assert transfer.attributes["dask.transfer.outcome"] == "success"
+    # Sending x from worker a: in x's trace, under x's task span.
+    assert get_data.parent.span_id == task_x.context.span_id
+    assert get_data.context.trace_id == task_x.context.trace_id
+    assert get_data.kind == SpanKind.SERVER
+    assert get_data.attributes["dask.worker.address"] == a
+    assert get_data.attributes["dask.transfer.bytes"] > 0

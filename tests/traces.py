@@ -60,7 +60,8 @@ def check_workload_telemetry(
     rx.wait_for(lambda r: all(len(r.spans(name=n)) >= k for n, k in expected.items()))
     spans = rx.spans()
     mapped = trace_of(spans, "graph", "task slow_inc")
-    names = sorted({s["name"] for s in mapped})
+    # get_data: the client gathering results from the workers, in the same trace.
+    names = sorted({s["name"] for s in mapped} - {"get_data", "transfer"})
     expected = ["execute slow_inc", "graph", "task slow_inc"]
     assert names == (["compute slow_inc", *expected] if client_traced else expected), names
     assert not orphans(mapped)
