@@ -274,23 +274,7 @@ def test_failure_with_retries(telemetry):
     assert_task_ids_line_up(spans)
 
 
-def test_dependent_of_a_failed_task_is_erred(telemetry):
-    with cluster_and_client() as (_, client):
-        bad = client.submit(fail, 1)
-        dependent = client.submit(inc, bad)
-        with pytest.raises(ValueError, match="boom 1"):
-            dependent.result()
-        flush_scheduler(client)
-
-    task = only(telemetry.spans(), "task inc")
-    assert task.attributes["dask.task.state"] == "erred"
-    assert task.attributes["dask.task.attempts"] == 0
-    assert task.status.status_code == StatusCode.ERROR
-    assert "erred" in [e.name for e in task.events]
-    assert not telemetry.spans("execute inc")  # it never ran
-
-
-def test_dependent_of_a_failed_task_names_the_culprit(telemetry):
+def test_dependent_of_a_failed_task_is_erred_and_names_the_culprit(telemetry):
     with cluster_and_client() as (_, client):
         bad = client.submit(fail, 1)
         dependent = client.submit(inc, bad)
@@ -300,6 +284,11 @@ def test_dependent_of_a_failed_task_names_the_culprit(telemetry):
         bad_key = bad.key
 
     task = only(telemetry.spans(), "task inc")
+    assert task.attributes["dask.task.state"] == "erred"
+    assert task.attributes["dask.task.attempts"] == 0
+    assert task.status.status_code == StatusCode.ERROR
+    assert "erred" in [e.name for e in task.events]
+    assert not telemetry.spans("execute inc")  # it never ran
     assert task.attributes["dask.task.erred_by"] == bad_key
     assert "exception" not in [e.name for e in task.events]
     assert task.status.description == "dependency erred"
