@@ -6,12 +6,12 @@ import logging
 import os
 
 from dask_otel.config import Settings, load_settings
+from dask_otel.report import report_once
 
 logger = logging.getLogger(__name__)
 
 #: Entry-point name, as listed in ``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS``.
 INSTRUMENTATION_NAME = "dask"
-_reported: set[str] = set()
 
 
 def disabled_by_environment() -> bool:
@@ -37,13 +37,13 @@ def activate(role: str) -> Settings | None:
         sdk.configure(role)
     except Exception as e:
         # A typo in an OTEL_* variable must not stop a cluster: run it untraced, say so.
-        if str(e) not in _reported:
-            _reported.add(str(e))
-            logger.error(
-                "dask-otel: cannot configure OpenTelemetry from the OTEL_* settings, "
-                "telemetry is off in this process: %r",
-                e,
-            )
+        report_once(
+            logger,
+            f"configure: {e}",
+            "dask-otel: cannot configure OpenTelemetry from the OTEL_* settings, "
+            "telemetry is off in this process: %r",
+            e,
+        )
         return None
     if settings.logs_enabled:
         logs.install(

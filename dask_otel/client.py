@@ -17,9 +17,9 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from dask_otel import ids, telemetry
 from dask_otel.activation import activate
+from dask_otel.report import report_once
 
 logger = logging.getLogger(__name__)
-_warned: set[str] = set()
 
 
 def traced_graph_to_futures(wrapped: Any, client: Any, args: Any, kwargs: Any) -> Any:
@@ -31,7 +31,9 @@ def traced_graph_to_futures(wrapped: Any, client: Any, args: Any, kwargs: Any) -
     try:
         span = _start_span(client, args, kwargs)
     except Exception as e:
-        _warn_once(e)
+        report_once(
+            logger, f"client: {e}", "dask-otel: not tracing this client's submissions: %s", e
+        )
         span = None
     if span is None:
         return wrapped(*args, **kwargs)
@@ -48,7 +50,7 @@ def traced_graph_to_futures(wrapped: Any, client: Any, args: Any, kwargs: Any) -
         try:
             span.end()
         except Exception as e:
-            _warn_once(e)
+            report_once(logger, f"client: {e}", "dask-otel: cannot end a compute span: %s", e)
 
 
 def _start_span(client: Any, args: Any, kwargs: Any) -> trace.Span | None:
@@ -68,10 +70,3 @@ def _start_span(client: Any, args: Any, kwargs: Any) -> trace.Span | None:
         .start_span(f"compute {name}", kind=SpanKind.PRODUCER, attributes=attributes)
     )
     return span if span.get_span_context().is_valid else None
-
-
-def _warn_once(error: Exception) -> None:
-    """Say once (per problem) why this client's submissions are not traced."""
-    if str(error) not in _warned:
-        _warned.add(str(error))
-        logger.error("dask-otel: not tracing this client's submissions: %s", error)

@@ -12,6 +12,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from dask_otel.report import report_once
+
 logger = logging.getLogger(__name__)
 
 
@@ -21,7 +23,6 @@ class SpanEmitter:
     def __init__(self, name: str) -> None:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._failed = False
         self._thread.start()
 
     def submit(self, emit: Callable[..., None], *args: Any) -> None:
@@ -54,6 +55,4 @@ class SpanEmitter:
             try:
                 emit(*args)
             except Exception:
-                if not self._failed:
-                    self._failed = True
-                    logger.exception("dask-otel: failed to build a span; later failures are silent")
+                report_once(logger, "emit", "dask-otel: building a span failed (said once)")

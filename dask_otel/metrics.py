@@ -27,6 +27,7 @@ from distributed.worker_state_machine import TaskStateState
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
+from dask_otel.report import report_once
 from dask_otel.telemetry import SCOPE
 from dask_otel.version import __version__
 
@@ -382,7 +383,6 @@ class Sources:
         self._servers: dict[int, tuple[Any, Observer, Attributes]] = {}
         self._cache: dict[str, list[Observation]] = {}
         self._generation = -1
-        self._failed = False
         for name, spec in INSTRUMENTS.items():
             if spec.kind == "histogram":
                 continue
@@ -433,9 +433,9 @@ class Sources:
             except ReferenceError:
                 continue  # closed while we read it
             except Exception:
-                if not self._failed:
-                    self._failed = True
-                    logger.exception("dask-otel: reading Dask's metrics failed (said once)")
+                report_once(
+                    logger, "metrics", "dask-otel: reading Dask's metrics failed (said once)"
+                )
         with self._lock:
             self._cache, self._generation = points, now
         return points

@@ -30,6 +30,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from dask_otel import errors, ids, logs, metrics, telemetry
 from dask_otel.activation import activate
+from dask_otel.report import report_once
 from dask_otel.telemetry import PLUGIN_NAME
 
 if TYPE_CHECKING:
@@ -43,6 +44,10 @@ logger = logging.getLogger(__name__)
 
 #: How long a worker keeps asking for the scheduler's id (``dask.cluster.id``).
 IDENTITY_TIMEOUT = 60.0
+
+
+def _tracing_failed() -> None:
+    report_once(logger, "worker", "dask-otel: tracing on a worker failed (said once)")
 
 
 class _InstancePatch:
@@ -106,7 +111,7 @@ class TransferTracer(_InstancePatch):
         try:
             span = self._start(worker, to_gather, total_nbytes)
         except Exception:
-            logger.debug("dask-otel: cannot trace a transfer", exc_info=True)
+            _tracing_failed()
             span = None
         token = context.attach(trace.set_span_in_context(span)) if span is not None else None
         try:
@@ -126,7 +131,7 @@ class TransferTracer(_InstancePatch):
                     span.set_status(Status(StatusCode.ERROR, outcome))
                 span.end()
         except Exception:
-            logger.debug("dask-otel: cannot record a transfer", exc_info=True)
+            _tracing_failed()
         return result
 
     def _start(self, peer: str, keys: Any, nbytes: int) -> trace.Span | None:
@@ -177,7 +182,7 @@ class GetDataTracer:
         try:
             span = self._start(comm, kwargs.get("keys") or (), kwargs.get("who"))
         except Exception:
-            logger.debug("dask-otel: cannot trace get_data", exc_info=True)
+            _tracing_failed()
             span = None
         if span is None:
             return await self.original(comm, **kwargs)
@@ -229,7 +234,6 @@ class ExecuteTracer(_InstancePatch):
             "dask.worker.address": worker.address,
             "dask.worker.name": ids.cap(str(worker.name), settings.max_attribute_length),
         }
-        self._failed = False
 
     async def execute(self, key: Any, *, stimulus_id: str) -> Any:
         ts = self.worker.state.tasks.get(key)
@@ -259,7 +263,7 @@ class ExecuteTracer(_InstancePatch):
             )
             self._finish(span, key, result, int(result.stop * 1e9))
         except Exception:
-            self._report_failure()
+            _tracing_failed()
 
     async def _execute_traced(
         self, key: Any, prefix: str, carrier: trace.SpanContext, stimulus_id: str
@@ -270,7 +274,7 @@ class ExecuteTracer(_InstancePatch):
         except Exception:
             # Telemetry must never keep a task from running (a failing user
             # SpanProcessor, say): run it untraced.
-            self._report_failure()
+            _tracing_failed()
             return await self.original(key, stimulus_id=stimulus_id)
         try:
             result = await self.original(key, stimulus_id=stimulus_id)
@@ -284,7 +288,7 @@ class ExecuteTracer(_InstancePatch):
         try:
             self._finish(span, key, result)
         except Exception:
-            self._report_failure()
+            _tracing_failed()
         return result
 
     def _start(
@@ -319,12 +323,7 @@ class ExecuteTracer(_InstancePatch):
                 },
             )
         except Exception:
-            self._report_failure()
-
-    def _report_failure(self) -> None:
-        if not self._failed:
-            self._failed = True
-            logger.exception("dask-otel: tracing a task failed; later failures are silent")
+            _tracing_failed()
 
     async def fetch_cluster_id(self) -> None:
         """Learn the scheduler's id, off the worker's start-up path."""
