@@ -30,6 +30,15 @@ class Settings:
 
     enabled: bool
     max_attribute_length: int
+    task_spans: bool
+    transfer_spans: bool
+    spill_spans: bool
+    rpc_spans: bool
+    metrics_enabled: bool
+    rpc_always_record: frozenset[str]
+    rpc_never_record: frozenset[str]
+    redact_exception_messages: bool
+    redact_log_bodies: bool
     max_task_events: int
     max_task_links: int
     max_spans_per_graph: int
@@ -106,6 +115,15 @@ def load_settings() -> Settings:
     return Settings(
         enabled=_bool("enabled"),
         max_attribute_length=_count("max-attribute-length", 16),
+        task_spans=_bool("spans.tasks"),
+        transfer_spans=_bool("spans.transfers"),
+        spill_spans=_bool("spans.spill"),
+        rpc_spans=_bool("spans.rpc"),
+        metrics_enabled=_bool("metrics.enabled"),
+        rpc_always_record=frozenset(_names("rpc.always-record")),
+        rpc_never_record=frozenset(_names("rpc.never-record")),
+        redact_exception_messages=_bool("redact.exception-messages"),
+        redact_log_bodies=_bool("redact.log-bodies"),
         max_task_events=_count("task.max-events", 0),
         max_task_links=_count("task.max-links", 0),
         max_spans_per_graph=_count("task.max-spans-per-graph", 0),

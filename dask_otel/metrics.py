@@ -21,7 +21,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from time import time
-from typing import Any, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 from distributed.worker_state_machine import TaskStateState
 from opentelemetry import metrics
@@ -30,6 +30,10 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from dask_otel.report import report_once
 from dask_otel.telemetry import SCOPE
 from dask_otel.version import __version__
+
+if TYPE_CHECKING:
+    from dask_otel.config import Settings
+    from dask_otel.telemetry import Providers
 
 Attributes = dict[str, Any]
 logger = logging.getLogger(__name__)
@@ -443,6 +447,14 @@ class Sources:
 
 _sources: weakref.WeakKeyDictionary[Any, Sources] = weakref.WeakKeyDictionary()
 _sources_lock = threading.Lock()
+
+
+_disabled = metrics.NoOpMeterProvider()
+
+
+def meter_provider(providers: Providers, settings: Settings) -> metrics.MeterProvider:
+    """Where a component's metrics go: nowhere when ``otel.metrics.enabled`` is false."""
+    return providers.meter_provider if settings.metrics_enabled else _disabled
 
 
 def sources(meter_provider: metrics.MeterProvider) -> Sources:

@@ -126,7 +126,8 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         self._ids = ids.SpanIdSetter(tracer)
         self._cluster_id = scheduler.id
         self._emitter = SpanEmitter(name="dask-otel-scheduler-spans")
-        metrics.observe_scheduler(self._providers.meter_provider, scheduler)
+        self._meter_provider = metrics.meter_provider(self._providers, settings)
+        metrics.observe_scheduler(self._meter_provider, scheduler)
         self._events = events.EventRecorder(
             self._providers.logger_provider,
             self._cluster_id,
@@ -186,7 +187,9 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
                 continue  # created by an earlier graph: its span lives in that trace
             created.append(ts)
         ratio = self._span_ratio(len(created))
-        thinned = ids.encode(ids.with_sampled(graph.carrier, False)) + ids.THINNED
+        thinned = ids.encode(ids.with_sampled(graph.carrier, False))
+        if self._settings.task_spans:  # the worker reports a thinned task if slow or failed
+            thinned += ids.THINNED
         filtered = self._settings.include_prefixes or self._settings.exclude_prefixes
         for ts in created:
             prefix = ts.prefix.name
@@ -210,7 +213,7 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
     def _span_ratio(self, tasks: int) -> float:
         """Share of a graph's tasks that get per-task spans (``otel.task.*``)."""
         settings = self._settings
-        ratio = settings.task_sample_ratio
+        ratio = settings.task_sample_ratio if settings.task_spans else 0.0
         if tasks * ratio > settings.max_spans_per_graph:
             ratio = settings.max_spans_per_graph / tasks
         return ratio
@@ -294,13 +297,16 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         # Thinned tasks still get a span when they failed or were slow: the worker, which
         # sees the same failure and compute time, emits its execute span too.
         failed = state == "erred" and record.error["cause"] in (None, record.key)  # type: ignore[index]
-        if record.kept or failed or record.compute_seconds > self._settings.keep_slower_than:
+        settings = self._settings
+        if record.kept or (
+            settings.task_spans and (failed or record.compute_seconds > settings.keep_slower_than)
+        ):
             if ts is not None:
                 if state == "memory" and ts.nbytes >= 0:
                     record.nbytes = ts.nbytes
                 record.dependencies = [
                     (dts.key, dts.annotations.get(ids.ANNOTATION) if dts.annotations else None)
-                    for dts in islice(ts.dependencies, self._settings.max_task_links)
+                    for dts in islice(ts.dependencies, settings.max_task_links)
                 ]
             self._emitter.submit(self._emit_task, record)  # type: ignore[union-attr]
         if graph.pending == 0:
@@ -383,7 +389,7 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
             None, _drain, emitter, self._providers, timeout
         )
         # After the final flush, whose collection still reads this scheduler.
-        metrics.forget(self._providers.meter_provider, self._scheduler)
+        metrics.forget(self._meter_provider, self._scheduler)
 
 
 def _drain(emitter: SpanEmitter, providers: telemetry.Providers, timeout: float) -> None:

@@ -135,6 +135,8 @@ class TransferTracer(_InstancePatch):
         return result
 
     def _start(self, peer: str, keys: Any, nbytes: int) -> trace.Span | None:
+        if not self.settings.transfer_spans:
+            return None  # the metrics above are still recorded
         served = []
         tasks = self.worker.state.tasks
         for key in keys:
@@ -375,17 +377,18 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
             return
         self._providers = telemetry.current()
         self._settings = settings
-        meter_provider = self._providers.meter_provider
+        meter_provider = self._meter_provider = metrics.meter_provider(self._providers, settings)
         sources = metrics.sources(meter_provider)
         self._tracer = ExecuteTracer(
             worker, self._providers.tracer(), sources.task_duration, settings
         )
         attributes = self._tracer.static_attributes
-        self._patches = (
+        self._patches = [
             self._tracer,
             TransferTracer(worker, self._tracer.tracer, sources, attributes, settings),
-            GetDataTracer(worker, self._tracer.tracer, attributes),
-        )
+        ]
+        if settings.transfer_spans:
+            self._patches.append(GetDataTracer(worker, self._tracer.tracer, attributes))
         for patch in self._patches:
             patch.install()
         metrics.observe_worker(meter_provider, worker, self._tracer.static_attributes)
@@ -403,5 +406,5 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
         await asyncio.get_running_loop().run_in_executor(
             None, telemetry.flush, self._providers, self._settings.flush_timeout
         )
-        metrics.forget(self._providers.meter_provider, worker)
+        metrics.forget(self._meter_provider, worker)
         logs.remove_worker(worker.address)
