@@ -31,7 +31,7 @@ def activate(role: str) -> Settings | None:
     settings = load_settings()
     if not settings.enabled or disabled_by_environment():
         return None
-    from dask_otel import logs, sdk, telemetry  # imports the SDK: keep it out of hooks
+    from dask_otel import errors, logs, sdk, telemetry  # imports the SDK: not in hooks
 
     try:
         sdk.configure(role)
@@ -45,8 +45,12 @@ def activate(role: str) -> Settings | None:
             e,
         )
         return None
+    errors.set_redaction(settings)
     if settings.logs_enabled:
         logs.install(
-            telemetry.current().logger_provider, settings.logs_loggers, settings.logs_level
+            telemetry.current().logger_provider,
+            settings.logs_loggers,
+            settings.logs_level,
+            settings.max_attribute_length,
         )
     return settings

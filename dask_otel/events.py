@@ -3,6 +3,10 @@
 Workers added and removed (with the tasks they took with them), status changes,
 retirements, restarts and every other topic: one record per event, named after its
 ``action`` (``add-worker``, ``remove-worker``, ...) or topic, its message as the body.
+Strings in the body are capped at ``otel.max-attribute-length``; with
+``otel.redact.exception-messages`` the exception fields Dask puts in events (e.g. a
+worker's ``worker-fail-hard``) become ``[redacted]``, and with ``otel.redact.log-bodies``
+every string in the body but its ``action``.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Any
 
 from opentelemetry._logs import LoggerProvider, LogRecord, SeverityNumber
 
-from dask_otel import ids
+from dask_otel import errors, ids
 from dask_otel.telemetry import SCOPE
 from dask_otel.version import __version__
 
@@ -24,6 +28,8 @@ MAX_ITEMS = 100
 #: Actions Dask publishes twice, under the worker's address and under ``all`` with a
 #: ``worker`` field: exported from the ``all`` copy only.
 MIRRORED_TO_ALL = frozenset({"add-worker", "remove-worker"})
+#: Fields of an event body that hold an exception or its text (``error_message`` names).
+EXCEPTION_FIELDS = frozenset({"exception", "exception_text", "traceback", "traceback_text"})
 
 
 class EventRecorder:
@@ -75,22 +81,40 @@ class EventRecorder:
                 observed_timestamp=time_ns(),
                 severity_text="INFO",
                 severity_number=SeverityNumber.INFO,
-                body=_plain(msg, self._limit),
+                body=_body(msg, self._limit),
                 attributes=attributes,
                 event_name=f"dask.{name}",
             )
         )
 
 
-def _plain(value: Any, limit: int) -> Any:
-    """``value`` as OTLP ``AnyValue`` data: maps, lists and scalars; strings capped."""
+def _body(msg: Any, limit: int) -> Any:
+    """The record body for event message ``msg``, redacted as configured."""
+    redaction = errors.redaction
+    if not isinstance(msg, dict):
+        return _plain(msg, limit, redaction.log_bodies)
+    body = {}
+    for k, v in islice(msg.items(), MAX_ITEMS):
+        name = ids.cap(ids.key_to_str(k), limit)
+        if k in EXCEPTION_FIELDS and redaction.exception_messages and v is not None:
+            body[name] = errors.REDACTED
+        else:
+            body[name] = _plain(v, limit, redaction.log_bodies and k != "action")
+    if len(msg) > MAX_ITEMS:
+        body["..."] = f"{len(msg) - MAX_ITEMS} more"
+    return body
+
+
+def _plain(value: Any, limit: int, redact: bool = False) -> Any:
+    """``value`` as OTLP ``AnyValue`` data: maps, lists and scalars; strings capped, or
+    all replaced by ``[redacted]`` with ``redact``."""
     if isinstance(value, (bool, int, float)) or value is None:
         return value
     if isinstance(value, str):
-        return ids.cap(value, limit)
+        return errors.REDACTED if redact else ids.cap(value, limit)
     if isinstance(value, dict):
         plain = {
-            ids.cap(ids.key_to_str(k), limit): _plain(v, limit)
+            ids.cap(ids.key_to_str(k), limit): _plain(v, limit, redact)
             for k, v in islice(value.items(), MAX_ITEMS)
         }
         if len(value) > MAX_ITEMS:
@@ -98,10 +122,19 @@ def _plain(value: Any, limit: int) -> Any:
         return plain
     if isinstance(value, (list, tuple, set, frozenset)):
         plain_items = [
-            _plain(ids.key_to_str(v) if isinstance(v, tuple) else v, limit)
+            _plain(ids.key_to_str(v) if isinstance(v, tuple) else v, limit, redact)
             for v in islice(value, MAX_ITEMS)
         ]
         if len(value) > MAX_ITEMS:
             plain_items.append(f"... {len(value) - MAX_ITEMS} more")
         return plain_items
-    return ids.cap(repr(value), limit)
+    if redact or (isinstance(value, BaseException) and errors.redaction.exception_messages):
+        return errors.REDACTED
+    return ids.cap(_repr(value), limit)
+
+
+def _repr(value: Any) -> str:
+    try:
+        return repr(value)
+    except Exception:
+        return f"<{type(value).__name__}>"

@@ -37,7 +37,9 @@ def key_to_str(key: Any) -> str:
 
 def cap(text: str, limit: int) -> str:
     """Truncate ``text`` to ``limit`` characters, marking the cut with an ellipsis."""
-    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+    if len(text) <= limit:
+        return text
+    return text[: limit - 1] + "\u2026" if limit > 0 else ""
 
 
 def task_span_id(carrier: trace.SpanContext, key: str) -> int:

@@ -6,7 +6,9 @@ loggers from propagating to the root when it installs its own stderr handler, so
 bridge also attaches to the ``distributed`` logger then; Dask's stderr output stays as it
 is. Every exporting handler (ours, or the one ``opentelemetry-instrumentation-logging``
 put on the root) gets :class:`DaskRecordFilter`: each record is exported once, stamped
-with the cluster, worker and task it came from.
+with the cluster, worker and task it came from. Their translation into OpenTelemetry is
+wrapped (:func:`exported`) to cap and redact what leaves the process; the Python record
+itself, which other handlers such as Dask's stderr one format too, is never changed.
 """
 
 from __future__ import annotations
@@ -14,12 +16,19 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from typing import Any
 
 from distributed.worker import thread_state
-from opentelemetry._logs import LoggerProvider
+from opentelemetry._logs import LoggerProvider, LogRecord
 from opentelemetry.instrumentation.logging.handler import LoggingHandler
 
-from dask_otel import ids
+from dask_otel import errors, ids
+
+logger = logging.getLogger(__name__)
+
+#: Log bodies are capped at this multiple of ``otel.max-attribute-length`` (Dask's
+#: "Compute Failed" body holds a stack trace), exception messages at 4x.
+BODY_LENGTH_FACTOR = 16
 
 #: Exception type at the start of Dask's exception text, e.g. ``ValueError('x')``.
 _EXCEPTION_TYPE = re.compile(r"([A-Za-z_][\w.]*)")
@@ -81,14 +90,94 @@ class DaskRecordFilter(logging.Filter):
         key, _, _, exception_text, traceback_text = args[:5]
         text = str(exception_text)
         match = _EXCEPTION_TYPE.match(text.strip("'\""))
+        redact = errors.redaction.exception_messages
         record.__dict__.update(
             {
                 "dask.task.key": ids.cap(ids.key_to_str(key), self.max_length),
                 "exception.type": match.group(1) if match else "Exception",
-                "exception.message": ids.cap(text, self.max_length * 4),
-                "exception.stacktrace": ids.cap(str(traceback_text), self.max_length * 16),
+                "exception.message": errors.REDACTED
+                if redact
+                else ids.cap(text, self.max_length * 4),
+                "exception.stacktrace": errors.REDACTED
+                if redact
+                else ids.cap(str(traceback_text), self.max_length * 16),
             }
         )
+
+    def exported(
+        self, record: logging.LogRecord, exported: LogRecord, formatted: bool
+    ) -> LogRecord:
+        """``exported`` (the handler's translation of ``record``), capped and redacted.
+
+        ``formatted``: the handler formatted the body (a formatter may append the stack
+        trace). Only the OpenTelemetry record changes, never ``record``.
+        """
+        limit = self.max_length
+        body = exported.body
+        attributes = dict(exported.attributes or {})
+        if errors.redaction.log_bodies:
+            body = record.msg if isinstance(record.msg, str) else errors.REDACTED
+        elif errors.redaction.exception_messages and (
+            record.exc_info or formatted or _is_compute_failed(record)
+        ):
+            body = _message_without_exception(record)
+        if isinstance(body, str):
+            body = ids.cap(body, limit * BODY_LENGTH_FACTOR)
+        for name, factor in (("exception.message", 4), ("exception.stacktrace", 16)):
+            if name in attributes:
+                attributes[name] = (
+                    errors.REDACTED
+                    if errors.redaction.exception_messages
+                    else ids.cap(str(attributes[name]), limit * factor)
+                )
+        exported.body = body
+        exported.attributes = attributes
+        return exported
+
+
+def _is_compute_failed(record: logging.LogRecord) -> bool:
+    return record.name == "distributed.worker" and str(record.msg).startswith("Compute Failed")
+
+
+def _message_without_exception(record: logging.LogRecord) -> str:
+    """The record's message with Dask's exception text and traceback redacted."""
+    try:
+        args = record.args
+        if _is_compute_failed(record) and isinstance(args, tuple) and len(args) >= 5:
+            return str(record.msg) % (*args[:3], errors.REDACTED, errors.REDACTED, *args[5:])
+        return record.getMessage()
+    except Exception:
+        return str(record.msg) if isinstance(record.msg, str) else errors.REDACTED
+
+
+def _wrap_translation(handler: logging.Handler) -> None:
+    """Route ``handler``'s OpenTelemetry records through :meth:`DaskRecordFilter.exported`.
+
+    The wrapper is an attribute of this handler object only (undone by :func:`uninstall`);
+    the logging instrumentation's root handler is wrapped as well as dask-otel's own.
+    """
+    translate = getattr(handler, "_translate", None)
+    if translate is None:
+        if errors.redaction.exception_messages or errors.redaction.log_bodies:
+            logger.warning(
+                "dask-otel: cannot redact the records exported by %s: otel.redact.* do "
+                "not apply to them",
+                type(handler).__name__,
+            )
+        return
+    if getattr(translate, "_dask_otel", False):
+        return
+
+    def _translate(record: logging.LogRecord) -> Any:
+        return _filter.exported(record, translate(record), handler.formatter is not None)
+
+    _translate._dask_otel = True  # type: ignore[attr-defined]
+    handler._translate = _translate  # type: ignore[attr-defined]
+
+
+def _unwrap_translation(handler: logging.Handler) -> None:
+    if getattr(handler.__dict__.get("_translate"), "_dask_otel", False):
+        del handler.__dict__["_translate"]
 
 
 _handler: LoggingHandler | None = None
@@ -103,9 +192,20 @@ def _otel_handler(logger: logging.Logger) -> logging.Handler | None:
     return None
 
 
-def install(logger_provider: LoggerProvider, loggers: tuple[str, ...], level: int) -> None:
-    """Export records of ``loggers`` ("" is the root) at ``level`` and above."""
+def install(
+    logger_provider: LoggerProvider,
+    loggers: tuple[str, ...],
+    level: int,
+    max_length: int | None = None,
+) -> None:
+    """Export records of ``loggers`` ("" is the root) at ``level`` and above.
+
+    ``max_length`` (``otel.max-attribute-length``) caps bodies and exception text; a
+    later call (another component activating) updates it.
+    """
     global _handler
+    if max_length is not None:
+        _filter.max_length = max_length
     if _handler is not None:
         return
     _handler = LoggingHandler(level=level, logger_provider=logger_provider)
@@ -114,6 +214,7 @@ def install(logger_provider: LoggerProvider, loggers: tuple[str, ...], level: in
         # Another OTel handler on the root exports propagated records too: stamp them
         # and keep them from being exported twice.
         root_handler.addFilter(_filter)
+        _wrap_translation(root_handler)
         _attached.append((logging.getLogger(), root_handler, False))
     for name in loggers:
         logger = logging.getLogger(name or None)
@@ -122,6 +223,7 @@ def install(logger_provider: LoggerProvider, loggers: tuple[str, ...], level: in
         existing = _otel_handler(logger)
         handler = existing or _handler
         handler.addFilter(_filter)
+        _wrap_translation(handler)
         if existing is None:
             logger.addHandler(handler)
         _attached.append((logger, handler, existing is None))
@@ -131,6 +233,7 @@ def uninstall() -> None:
     global _handler
     for logger, handler, added in _attached:
         handler.removeFilter(_filter)
+        _unwrap_translation(handler)
         if added:
             logger.removeHandler(handler)
     _attached.clear()

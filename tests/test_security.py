@@ -1,0 +1,433 @@
+"""Security: what leaves a process, what never does, and what dask-otel never opens.
+
+Exception messages and log bodies redacted by configuration (spans, log records, event
+records), bodies capped; task arguments and results never exported; OTLP headers and TLS
+through the standard ``OTEL_EXPORTER_OTLP_*`` settings, the token never logged; no
+listening port besides Dask's own.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from concurrent import futures
+
+import dask
+import grpc
+import psutil
+import pytest
+from conftest import bin_path, flush_scheduler, in_process_cluster, otel_env, wait_for_file
+from distributed import Client
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from otlp_receiver import OTLPReceiver, _LogsServicer, _MetricsServicer, _TraceServicer
+
+SECRET = "SECRET-MSG-4711"
+TOKEN = "s3cr3t"
+
+
+def fail_with_secret(x: int) -> int:
+    raise ValueError(f"{SECRET} {x}")
+
+
+def log_failure(x: int) -> int:
+    try:
+        fail_with_secret(x)
+    except ValueError:
+        logging.getLogger("user.code").exception("handling %s failed", x)
+    return x
+
+
+def log_marker(x: int) -> int:
+    logging.getLogger("user.code").warning("marker %s with %s", x, SECRET)
+    return x
+
+
+class Collect(logging.Handler):
+    """Another handler on the same loggers, as Dask's stderr handler is."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.setFormatter(logging.Formatter("%(message)s"))
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+
+@pytest.fixture
+def collect():
+    handler = Collect()
+    loggers = [logging.getLogger("user.code"), logging.getLogger("distributed.worker")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    yield handler
+    for logger in loggers:
+        logger.removeHandler(handler)
+
+
+def publish_error_event(dask_scheduler) -> None:
+    """What a worker that fails hard publishes (``distributed.core.error_message``)."""
+    dask_scheduler.log_event(
+        "worker-fail-hard",
+        {
+            "status": "error",
+            "exception_text": f"ValueError('{SECRET}')",
+            "traceback_text": f'  File "x.py", line 1, in f\n    {SECRET}\n',
+            "detail": f"free text {SECRET}",
+        },
+    )
+
+
+def everything(telemetry) -> str:
+    """Every exported span and log record, as text."""
+    spans = [s.to_json() for s in telemetry.span_exporter.get_finished_spans()]
+    logs = [
+        json.dumps([r.body, dict(r.attributes or {}), r.event_name, r.severity_text], default=repr)
+        for r in telemetry.logs()
+    ]
+    return "\n".join(spans + logs)
+
+
+# -- redaction ------------------------------------------------------------------------------
+
+
+def test_exception_messages_are_redacted_everywhere(telemetry, collect):
+    with (
+        dask.config.set({"otel.redact.exception-messages": True}),
+        in_process_cluster(n_workers=1) as client,
+    ):
+        with pytest.raises(ValueError, match=SECRET):  # the computation is unaffected
+            client.submit(fail_with_secret, 1).result()
+        assert client.submit(log_failure, 2).result() == 2
+        client.run_on_scheduler(publish_error_event)
+        flush_scheduler(client)
+    spans = telemetry.spans("task fail_with_secret") + telemetry.spans("execute fail_with_secret")
+    assert len(spans) == 2
+    for span in spans:
+        (event,) = [e for e in span.events if e.name == "exception"]
+        assert event.attributes["exception.type"] == "ValueError"
+        assert event.attributes["exception.message"] == "[redacted]"
+        assert event.attributes["exception.stacktrace"] == "[redacted]"
+        assert span.attributes["error.type"] == "ValueError"
+    records = telemetry.logs()
+    (failed,) = [r for r in records if str(r.body).startswith("Compute Failed")]
+    assert failed.attributes["exception.type"] == "ValueError"
+    assert failed.attributes["exception.message"] == "[redacted]"
+    (handled,) = [r for r in records if str(r.body).startswith("handling 2 failed")]
+    assert handled.attributes["exception.message"] == "[redacted]"
+    assert handled.attributes["exception.stacktrace"] == "[redacted]"
+    (event,) = [r for r in records if r.event_name == "dask.worker-fail-hard"]
+    assert event.body["exception_text"] == event.body["traceback_text"] == "[redacted]"
+    assert event.body["detail"] == f"free text {SECRET}"  # not an exception field
+    text = everything(telemetry).replace(f"free text {SECRET}", "")
+    assert SECRET not in text
+    # Other handlers see the records as they were.
+    assert any(SECRET in line for line in collect.lines if line.startswith("Compute Failed"))
+
+
+def test_log_bodies_carry_the_template(telemetry, collect):
+    with (
+        dask.config.set({"otel.redact.log-bodies": True}),
+        in_process_cluster(n_workers=1) as client,
+    ):
+        assert client.submit(log_marker, 5).result() == 5
+        with pytest.raises(ValueError, match=SECRET):
+            client.submit(fail_with_secret, 1).result()
+        client.run_on_scheduler(publish_error_event)
+        flush_scheduler(client)
+    records = telemetry.logs()
+    (marker,) = [r for r in records if str(r.body).startswith("marker")]
+    assert marker.body == "marker %s with %s"
+    assert marker.attributes["dask.task.key"]  # the record keeps its other fields
+    (failed,) = [r for r in records if str(r.body).startswith("Compute Failed")]
+    assert failed.body.startswith("Compute Failed\nKey:       %s")
+    (event,) = [r for r in records if r.event_name == "dask.worker-fail-hard"]
+    assert event.body["detail"] == "[redacted]" and event.body["status"] == "[redacted]"
+    # Only the exported copy changes: the stderr-like handler formats the real message.
+    assert f"marker 5 with {SECRET}" in collect.lines
+
+
+def test_defaults_redact_nothing(telemetry):
+    with in_process_cluster(n_workers=1) as client:
+        assert client.submit(log_marker, 6).result() == 6
+        client.run_on_scheduler(publish_error_event)
+        flush_scheduler(client)
+    records = telemetry.logs()
+    assert f"marker 6 with {SECRET}" in [r.body for r in records]
+    (event,) = [r for r in records if r.event_name == "dask.worker-fail-hard"]
+    assert SECRET in event.body["exception_text"]
+
+
+def log_long(x: int) -> int:
+    logging.getLogger("user.code").warning("x" * 100_000)
+    return x
+
+
+def test_log_and_event_bodies_are_capped(telemetry):
+    with (
+        dask.config.set({"otel.max-attribute-length": 32}),
+        in_process_cluster(n_workers=1) as client,
+    ):
+        assert client.submit(log_long, 1).result() == 1
+        with pytest.raises(ValueError):
+            client.submit(fail_with_secret, "y" * 10_000).result()
+        client.run_on_scheduler(
+            lambda dask_scheduler: dask_scheduler.log_event("mine", {"text": "z" * 10_000})
+        )
+        flush_scheduler(client)
+    records = telemetry.logs()
+    (long,) = [r for r in records if str(r.body).startswith("xxx")]
+    assert len(long.body) == 32 * 16
+    (failed,) = [r for r in records if str(r.body).startswith("Compute Failed")]
+    assert len(failed.body) <= 32 * 16
+    assert len(failed.attributes["exception.message"]) <= 32 * 4
+    (event,) = [r for r in records if r.event_name == "dask.mine"]
+    assert len(event.body["text"]) == 32
+
+
+# -- never task arguments or results --------------------------------------------------------
+
+ARG = "SECRET-ARG-1234"
+RESULT = "SECRET-RESULT-5678"
+
+
+def echo(x: str) -> str:
+    return f"{x}!"
+
+
+def make_result(x: str) -> str:
+    return RESULT
+
+
+def fail_on(x: str) -> str:
+    raise ValueError("no")
+
+
+def log_own_words(x: str) -> str:
+    logging.getLogger("user.code").warning("LOGGED-ON-PURPOSE")
+    return x
+
+
+def test_task_arguments_and_results_are_never_exported(telemetry):
+    with in_process_cluster() as client:
+        scattered = client.scatter(ARG)
+        assert client.submit(echo, ARG).result() == f"{ARG}!"
+        assert client.submit(echo, scattered).result() == f"{ARG}!"
+        assert client.gather(client.map(make_result, [ARG, ARG + "2"])) == [RESULT] * 2
+        assert dask.delayed(echo)(dask.delayed(make_result)(ARG)).compute() == f"{RESULT}!"
+        with pytest.raises(ValueError):
+            client.submit(fail_on, ARG).result()
+        assert client.submit(log_own_words, ARG).result() == ARG
+        flush_scheduler(client)
+        metrics = telemetry.metric_reader.get_metrics_data().to_json()
+    text = everything(telemetry) + metrics
+    assert "LOGGED-ON-PURPOSE" in text  # what the task itself logs is exported ...
+    assert ARG not in text and RESULT not in text  # ... its arguments and results never
+
+
+# -- OTLP headers and TLS -------------------------------------------------------------------
+
+
+class Collector:
+    """An OTLP/gRPC collector on 127.0.0.1 (plain or TLS) that records request metadata.
+
+    Decoding and storage come from :class:`OTLPReceiver` (not started itself).
+    """
+
+    def __init__(self, credentials: grpc.ServerCredentials | None = None) -> None:
+        self.rx = OTLPReceiver()
+        self.metadata: list[dict[str, str]] = []
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        for servicer, add in [
+            (_TraceServicer, trace_service_pb2_grpc.add_TraceServiceServicer_to_server),
+            (_MetricsServicer, metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server),
+            (_LogsServicer, logs_service_pb2_grpc.add_LogsServiceServicer_to_server),
+        ]:
+            add(self._recording(servicer)(self.rx), self.server)
+        address = "127.0.0.1:0"
+        if credentials is None:
+            self.port = self.server.add_insecure_port(address)
+        else:
+            self.port = self.server.add_secure_port(address, credentials)
+        self.server.start()
+
+    def _recording(self, servicer: type) -> type:
+        collector = self
+
+        class Recording(servicer):  # type: ignore[misc, valid-type]
+            def Export(self, request, context):
+                collector.metadata.append(dict(context.invocation_metadata()))
+                return super().Export(request, context)
+
+        return Recording
+
+    def close(self) -> None:
+        self.server.stop(grace=0).wait(5)
+
+
+def test_otlp_headers_reach_the_collector_and_are_never_logged(caplog, tmp_path):
+    collector = Collector()
+    try:
+        # In this process: every logger at DEBUG while the exporter works.
+        caplog.set_level(logging.DEBUG)
+        os.environ["OTEL_EXPORTER_OTLP_HEADERS"] = f"authorization=Bearer {TOKEN}"
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+            exporter = OTLPSpanExporter(endpoint=f"http://127.0.0.1:{collector.port}")
+        finally:
+            del os.environ["OTEL_EXPORTER_OTLP_HEADERS"]
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        provider.get_tracer("t").start_span("with-token").end()
+        provider.shutdown()
+        assert collector.rx.spans("with-token")
+        assert collector.metadata[-1]["authorization"] == f"Bearer {TOKEN}"
+        assert TOKEN not in caplog.text
+
+        # A whole instrumented cluster in another process, Python logging at DEBUG.
+        collector.metadata.clear()
+        code = textwrap.dedent(
+            """
+            import logging
+            logging.basicConfig(level=logging.DEBUG)
+            from distributed import Client, LocalCluster
+            import dask_otel
+            dask_otel.DaskInstrumentor().instrument()
+            with LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as c:
+                with Client(c) as client:
+                    print(client.submit(lambda: 40 + 2).result())
+                    try:
+                        client.submit(lambda: 1 / 0).result()
+                    except ZeroDivisionError:
+                        pass
+            """
+        )
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "DASK_"))}
+        env.update(
+            OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{collector.port}",
+            OTEL_EXPORTER_OTLP_HEADERS=f"authorization=Bearer {TOKEN}",
+            OTEL_PYTHON_LOG_LEVEL="debug",
+            OTEL_LOG_LEVEL="debug",
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True,
+            timeout=120, cwd=tmp_path,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == ["42"]
+        assert "DEBUG" in out.stderr  # the logs were verbose indeed
+        assert TOKEN not in out.stdout + out.stderr
+        assert collector.rx.spans("compute lambda")
+        assert collector.metadata
+        assert all(m.get("authorization") == f"Bearer {TOKEN}" for m in collector.metadata)
+    finally:
+        collector.close()
+
+
+@pytest.fixture
+def certificate(tmp_path):
+    """A self-signed certificate for 127.0.0.1 (openssl CLI; ``cryptography`` is absent)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command is needed to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return cert, key
+
+
+def test_otlp_over_tls_with_the_standard_certificate_setting(certificate, monkeypatch):
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    cert, key = certificate
+    credentials = grpc.ssl_server_credentials([(key.read_bytes(), cert.read_bytes())])
+    collector = Collector(credentials)
+    try:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"https://127.0.0.1:{collector.port}")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", f"authorization=Bearer {TOKEN}")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "5")
+        provider = TracerProvider()
+        span = provider.get_tracer("t").start_span("over-tls")
+        span.end()
+        # Without the certificate the collector's is not trusted: nothing is sent.
+        untrusted = OTLPSpanExporter()
+        assert untrusted.export([span]) == SpanExportResult.FAILURE
+        untrusted.shutdown()
+        assert not collector.rx.spans()
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_CERTIFICATE", str(cert))
+        trusted = OTLPSpanExporter()
+        assert trusted.export([span]) == SpanExportResult.SUCCESS
+        trusted.shutdown()
+        assert [s["name"] for s in collector.rx.spans()] == ["over-tls"]
+        assert collector.metadata[-1]["authorization"] == f"Bearer {TOKEN}"
+    finally:
+        collector.close()
+
+
+# -- no listening port ----------------------------------------------------------------------
+
+
+def listening_ports(pid: int) -> set[int]:
+    """TCP ports the process ``pid`` and its children listen on."""
+    process = psutil.Process(pid)
+    ports = set()
+    for p in [process, *process.children(recursive=True)]:
+        for c in p.net_connections(kind="inet"):
+            if c.status == psutil.CONN_LISTEN:
+                ports.add(c.laddr.port)
+    return ports
+
+
+def port(address: str) -> int:
+    return int(address.rsplit(":", 1)[1])
+
+
+def test_dask_otel_opens_no_listening_port(receiver, processes):
+    """A scheduler and a worker (with its Nanny) under opentelemetry-instrument listen on
+    Dask's own ports and nothing else."""
+    env = otel_env(receiver)
+    otel = bin_path("opentelemetry-instrument")
+    scheduler_file = processes.tmp_path / "scheduler.json"
+    scheduler = processes.start(
+        [otel, bin_path("dask"), "scheduler", "--host", "127.0.0.1", "--port", "0",
+         "--no-dashboard", "--scheduler-file", str(scheduler_file)],
+        env,
+        "scheduler",
+    )  # fmt: skip
+    wait_for_file(scheduler_file, processes)
+    worker = processes.start(
+        [otel, bin_path("dask"), "worker", "--scheduler-file", str(scheduler_file),
+         "--host", "127.0.0.1", "--nthreads", "1", "--no-dashboard"],
+        env,
+        "worker",
+    )  # fmt: skip
+    address = json.loads(scheduler_file.read_text())["address"]
+    with Client(address, timeout=60) as client:
+        client.wait_for_workers(1, timeout=90)
+        assert client.submit(sum, [1, 2]).result(timeout=60) == 3
+        (worker_address, info) = next(iter(client.scheduler_info()["workers"].items()))
+        # Dask's own: the comm ports and the HTTP servers (also with --no-dashboard).
+        dask_ports = {
+            port(address),
+            port(worker_address),
+            port(info["nanny"]),
+            client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.http_server.port),
+            *client.run(lambda dask_worker: dask_worker.http_server.port).values(),
+        }
+        # dask-otel is active in both: their spans arrived.
+        receiver.wait_for(lambda r: r.spans("task sum") and r.spans("execute sum"))
+        assert listening_ports(scheduler.pid) | listening_ports(worker.pid) == dask_ports
