@@ -16,7 +16,7 @@ from typing import Any
 
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
-from dask_otel import hooks, logs, telemetry
+from dask_otel import hooks, logs, rpc, telemetry
 from dask_otel.activation import activate
 from dask_otel.package import _instruments
 from dask_otel.preload import dask_setup
@@ -57,6 +57,7 @@ class DaskInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
     def _uninstrument(self, **kwargs: Any) -> None:
         hooks.uninstall()
+        rpc.uninstall()
         logs.uninstall()
         telemetry.set_overrides()
 

@@ -31,7 +31,7 @@ def activate(role: str) -> Settings | None:
     settings = load_settings()
     if not settings.enabled or disabled_by_environment():
         return None
-    from dask_otel import errors, logs, sdk, telemetry  # imports the SDK: not in hooks
+    from dask_otel import errors, logs, rpc, sdk, telemetry  # imports the SDK: not in hooks
 
     try:
         sdk.configure(role)
@@ -53,4 +53,6 @@ def activate(role: str) -> Settings | None:
             settings.logs_level,
             settings.max_attribute_length,
         )
+    if settings.rpc_spans:
+        rpc.install(telemetry.current().tracer(), settings)
     return settings

@@ -116,6 +116,15 @@ def _decode_traceparent(value: str) -> trace.SpanContext | None:
     return span_context if span_context.is_valid else None
 
 
+def traced_task(annotations: dict | None, key: Any) -> tuple[trace.SpanContext, str] | None:
+    """(carrier, key text) of a task whose spans are recorded (from a worker's
+    ``TaskState.annotations``), else None."""
+    carrier = decode(annotations.get(ANNOTATION)) if annotations else None
+    if carrier is None or not carrier.trace_flags.sampled:
+        return None
+    return carrier, key_to_str(key)
+
+
 def task_context(carrier: trace.SpanContext, key: str) -> Context:
     """A context whose current span is the (remote) ``task`` span of ``key``."""
     parent = trace.SpanContext(

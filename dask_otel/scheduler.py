@@ -19,7 +19,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from dask_otel import errors, events, ids, logs, metrics, telemetry
+from dask_otel import errors, events, ids, logs, metrics, rpc, telemetry
 from dask_otel.activation import activate
 from dask_otel.emitter import SpanEmitter
 from dask_otel.telemetry import PLUGIN_NAME
@@ -135,6 +135,7 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
             settings.logs_exclude_event_topics,
         )
         logs.identity["dask.cluster.id"] = self._cluster_id
+        self._handlers = rpc.trace_handlers(scheduler, tracer, settings)
 
     # -- graphs -------------------------------------------------------------------------
 
@@ -384,6 +385,7 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
             self._emitter.submit(graph.span.end, now)
         self._graphs.clear()
         emitter, self._emitter = self._emitter, None
+        self._scheduler.handlers.update(self._handlers)  # type: ignore[union-attr]
         timeout = self._settings.flush_timeout
         await asyncio.get_running_loop().run_in_executor(
             None, _drain, emitter, self._providers, timeout

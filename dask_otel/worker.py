@@ -28,9 +28,10 @@ from distributed.worker_state_machine import (
 from opentelemetry import context, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from dask_otel import errors, ids, logs, metrics, telemetry
+from dask_otel import errors, ids, logs, metrics, rpc, telemetry
 from dask_otel.activation import activate
 from dask_otel.report import report_once
+from dask_otel.spill import SpillTracer
 from dask_otel.telemetry import PLUGIN_NAME
 
 if TYPE_CHECKING:
@@ -65,14 +66,6 @@ class _InstancePatch:
     def uninstall(self) -> None:
         if self.worker.__dict__.get(self.name) == getattr(self, self.name):
             delattr(self.worker, self.name)
-
-
-def _traced_task(annotations: dict | None, key: Any) -> tuple[trace.SpanContext, str] | None:
-    """(carrier, key text) of a task whose spans are recorded, else None."""
-    carrier = ids.decode(annotations.get(ids.ANNOTATION)) if annotations else None
-    if carrier is None or not carrier.trace_flags.sampled:
-        return None
-    return carrier, ids.key_to_str(key)
 
 
 class TransferTracer(_InstancePatch):
@@ -142,7 +135,7 @@ class TransferTracer(_InstancePatch):
         for key in keys:
             ts = tasks.get(key)
             for dependent in ts.dependents if ts is not None else ():
-                traced = _traced_task(dependent.annotations, dependent.key)
+                traced = ids.traced_task(dependent.annotations, dependent.key)
                 if traced is not None:
                     served.append(traced)
             if len(served) > self.settings.max_task_links:
@@ -157,7 +150,8 @@ class TransferTracer(_InstancePatch):
             links=[ids.task_link(c, k, "served") for c, k in others],
             attributes={
                 **self.attributes,
-                "network.peer.address": peer,
+                "dask.peer.address": peer,
+                **rpc.peer_attributes(peer, "network.peer"),
                 "dask.transfer.keys": len(keys),
                 "dask.transfer.bytes": nbytes,
             },
@@ -203,16 +197,18 @@ class GetDataTracer:
             if ts is None:
                 continue
             nbytes += ts.nbytes or 0
-            produced = produced or _traced_task(ts.annotations, key)
+            produced = produced or ids.traced_task(ts.annotations, key)
         if produced is None:
             return None
+        peer = who or getattr(comm, "peer_address", "")
         return self.tracer.start_span(
             "get_data",
             context=ids.task_context(*produced),
             kind=SpanKind.SERVER,
             attributes={
                 **self.attributes,
-                "network.peer.address": who or getattr(comm, "peer_address", ""),
+                "dask.peer.address": peer,
+                **rpc.peer_attributes(peer, "network.peer"),
                 "dask.transfer.keys": len(keys),
                 "dask.transfer.bytes": nbytes,
             },
@@ -387,10 +383,15 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
             self._tracer,
             TransferTracer(worker, self._tracer.tracer, sources, attributes, settings),
         ]
+        tracer = self._tracer.tracer
         if settings.transfer_spans:
-            self._patches.append(GetDataTracer(worker, self._tracer.tracer, attributes))
+            self._patches.append(GetDataTracer(worker, tracer, attributes))
+        if settings.spill_spans and SpillTracer.applies(worker):
+            limit = settings.max_attribute_length
+            self._patches.append(SpillTracer(worker, tracer, attributes, limit))
         for patch in self._patches:
             patch.install()
+        self._handlers = rpc.trace_handlers(worker, tracer, settings)
         metrics.observe_worker(meter_provider, worker, self._tracer.static_attributes)
         logs.add_worker(worker.address)
         self._identity = asyncio.create_task(self._tracer.fetch_cluster_id())
@@ -400,6 +401,7 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
             return
         for patch in self._patches:
             patch.uninstall()
+        worker.handlers.update(self._handlers)
         self._tracer = None
         self._identity.cancel()
         # The last collection still reads this worker: flush first, then let it go.

@@ -131,7 +131,7 @@ def test_one_trace_per_submission(telemetry):
     traces = by_trace(spans)
     assert len(traces) == 2
     # Data movement (transfer, get_data: also the client fetching results) is tested below.
-    moving = {"transfer", "get_data"}
+    moving = {"transfer", "get_data", "rpc get_data"}
     shapes = sorted(
         sorted(s.name for s in trace_spans if s.name not in moving)
         for trace_spans in traces.values()
@@ -643,9 +643,14 @@ def test_transfer_and_get_data_join_the_traces_of_their_tasks(telemetry):
     assert transfer.context.trace_id == task_y.context.trace_id
     assert transfer.kind == SpanKind.CLIENT
     assert transfer.attributes["dask.worker.address"] == b
-    assert transfer.attributes["network.peer.address"] == a
+    assert transfer.attributes["dask.peer.address"] == a
     assert transfer.attributes["dask.transfer.keys"] == 1
     assert transfer.attributes["dask.transfer.outcome"] == "success"
+    # The request it made: a CLIENT span beneath it (the client's own gather is untraced).
+    request = only(spans, "rpc get_data")
+    assert request.parent.span_id == transfer.context.span_id
+    assert request.kind == SpanKind.CLIENT
+    assert request.attributes["server.address"] == a  # inproc://: no host and port
     # Sending x from worker a: in x's trace, under x's task span.
     assert get_data.parent.span_id == task_x.context.span_id
     assert get_data.context.trace_id == task_x.context.trace_id

@@ -1,0 +1,95 @@
+"""``rpc <op>`` spans: recorded under a traced operation or for the ops always recorded."""
+
+from __future__ import annotations
+
+import dask
+import pytest
+from conftest import flush_scheduler, in_process_cluster
+from distributed import core, scheduler, worker
+from opentelemetry.trace import SpanKind, StatusCode
+
+import dask_otel
+from dask_otel import rpc
+
+
+def inc(x: int) -> int:
+    return x + 1
+
+
+def rpc_spans(telemetry) -> list:
+    return telemetry.spans("rpc ")
+
+
+def test_every_binding_of_send_recv_is_patched_and_restored(telemetry):
+    with in_process_cluster(n_workers=1) as client:
+        assert client.submit(inc, 1).result() == 2
+        for module in (core, worker, scheduler):
+            assert module.send_recv is rpc.send_recv
+    dask_otel.DaskInstrumentor().uninstrument()
+    for module in (core, worker, scheduler):
+        assert module.send_recv is rpc._original_send_recv
+
+
+def test_requests_under_a_user_span_nest_beneath_it(telemetry):
+    tracer = telemetry.tracer_provider.get_tracer("user")
+    with in_process_cluster(n_workers=1) as client:
+        future = client.submit(inc, 1)
+        assert future.result() == 2
+        with tracer.start_as_current_span("user work") as user:
+            who_has = client.who_has([future])
+        assert list(who_has) == [future.key]
+        flush_scheduler(client)
+
+    (span,) = [s for s in rpc_spans(telemetry) if s.name == "rpc who_has"]
+    assert span.kind == SpanKind.CLIENT
+    assert span.parent.span_id == user.get_span_context().span_id
+    assert span.attributes["rpc.system.name"] == "dask"
+    assert span.attributes["rpc.method"] == "who_has"
+    assert span.attributes["server.address"] == span.attributes["network.peer.address"]
+    assert span.attributes["dask.cluster.id"].startswith("Scheduler-")
+    # Nothing else was traced: heartbeats, identity, the client's own chatter.
+    assert [s.name for s in rpc_spans(telemetry)] == ["rpc who_has"]
+
+
+def test_failed_request_is_an_error_span(telemetry):
+    tracer = telemetry.tracer_provider.get_tracer("user")
+    with in_process_cluster(n_workers=1) as client:
+        with tracer.start_as_current_span("user work"), pytest.raises(TypeError):
+            # The scheduler's handler raises: Dask re-raises it in the caller.
+            client.sync(client.scheduler.ncores, workers=5)
+        assert client.submit(inc, 1).result() == 2
+
+    (span,) = rpc_spans(telemetry)
+    assert span.name == "rpc ncores"
+    assert span.status.status_code == StatusCode.ERROR
+    assert span.attributes["error.type"] == "TypeError"
+
+
+def test_always_recorded_ops_get_client_and_server_spans(telemetry):
+    config = {"otel.rpc.always-record": ["who_has", "identity"]}
+    with dask.config.set(config), in_process_cluster(n_workers=1) as client:
+        future = client.submit(inc, 1)
+        assert future.result() == 2
+        assert list(client.who_has([future])) == [future.key]
+        flush_scheduler(client)
+
+    spans = [s for s in rpc_spans(telemetry) if s.name == "rpc who_has"]
+    assert sorted(s.kind.name for s in spans) == ["CLIENT", "SERVER"]
+    assert all(s.parent is None for s in spans)  # nothing traced was current
+    # never-record wins over always-record: identity is background chatter.
+    assert not [s for s in rpc_spans(telemetry) if s.name == "rpc identity"]
+
+
+def test_rpc_spans_switched_off(telemetry):
+    tracer = telemetry.tracer_provider.get_tracer("user")
+    config = {"otel.spans.rpc": False, "otel.rpc.always-record": ["who_has"]}
+    with dask.config.set(config), in_process_cluster(n_workers=2) as client:
+        a, b = sorted(client.scheduler_info()["workers"])
+        x = client.submit(inc, 1, workers=[a])
+        y = client.submit(inc, x, workers=[b])
+        with tracer.start_as_current_span("user work"):
+            assert y.result() == 3
+            client.who_has([y])
+        flush_scheduler(client)
+    assert telemetry.spans("transfer")
+    assert not rpc_spans(telemetry)
