@@ -152,7 +152,12 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         if self._emitter is None:
             return
         injected = annotations.get(ids.ANNOTATION)
-        client_carrier = next(iter(injected.values()), None) if injected else None
+        # A user's own ``otel`` annotation is not a carrier: only values that decode count.
+        client_carrier = (
+            next((v for v in injected.values() if ids.decode(v) is not None), None)
+            if injected
+            else None
+        )
         parent = ids.decode(client_carrier)
         now = time_ns()
         span = self._tracer.start_span(
@@ -184,7 +189,7 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
             if ts is None or ts.state != "released" or key in records:
                 continue
             annotation = ts.annotations.get(ids.ANNOTATION) if ts.annotations else None
-            if annotation is not None and annotation != carrier:
+            if annotation is not None and annotation != carrier and ids.decode(annotation):
                 continue  # created by an earlier graph: its span lives in that trace
             created.append(ts)
         ratio = self._span_ratio(len(created))
@@ -317,12 +322,13 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
 
     def _emit_task(self, record: _Task) -> None:
         limit = self._settings.max_attribute_length
+        prefix = ids.cap(record.prefix, limit)  # a key without "-" is its own prefix
         carrier = record.graph.carrier
         key = ids.key_to_str(record.key)
         attributes: dict[str, Any] = {
             "dask.cluster.id": self._cluster_id,
             "dask.task.key": ids.cap(key, limit),
-            "dask.task.prefix": record.prefix,
+            "dask.task.prefix": prefix,
             "dask.task.group": ids.cap(record.group, limit),
             "dask.task.state": record.state,
             "dask.task.attempts": record.attempts,
@@ -338,7 +344,7 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         graph_context = record.graph.span.get_span_context()
         span = self._ids.start_span(
             ids.task_span_id(carrier, key),
-            f"task {record.prefix}",
+            f"task {prefix}",
             context=trace.set_span_in_context(trace.NonRecordingSpan(graph_context)),
             start_time=record.start_ns,
             attributes=attributes,

@@ -85,14 +85,15 @@ class TracedDisk(MutableMapping):
             if traced is None:
                 return None
             carrier, key_str = traced
+            prefix = ids.cap(ts.prefix, self.limit)  # type: ignore[union-attr]
             return self.tracer.start_span(
-                f"{operation} {ts.prefix}",  # type: ignore[union-attr]
+                f"{operation} {prefix}",
                 context=ids.task_context(carrier, key_str),
                 attributes={
                     **self.attributes,
                     **attributes,
                     "dask.task.key": ids.cap(key_str, self.limit),
-                    "dask.task.prefix": ts.prefix,  # type: ignore[union-attr]
+                    "dask.task.prefix": prefix,
                 },
             )
         except Exception:

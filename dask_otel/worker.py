@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import traceback
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -240,11 +241,13 @@ class ExecuteTracer(_InstancePatch):
         if carrier is None or not carrier.trace_flags.sampled:
             result = await self.original(key, stimulus_id=stimulus_id)
         else:
-            result = await self._execute_traced(key, ts.prefix, carrier, stimulus_id)  # type: ignore[union-attr]
+            prefix = ids.cap(ts.prefix, self.settings.max_attribute_length)  # type: ignore[union-attr]
+            result = await self._execute_traced(key, prefix, carrier, stimulus_id)
         if ts is not None and isinstance(result, (ExecuteSuccessEvent, ExecuteFailureEvent)):
-            self._record_duration(ts.prefix, result)
+            prefix = ids.cap(ts.prefix, self.settings.max_attribute_length)
+            self._record_duration(prefix, result)
             if ids.thinned(annotation) and self._keep_anyway(result):
-                self._emit_late(key, ts.prefix, carrier, result)  # type: ignore[arg-type]
+                self._emit_late(key, prefix, carrier, result)  # type: ignore[arg-type]
         return result
 
     def _keep_anyway(self, result: Any) -> bool:
@@ -277,8 +280,9 @@ class ExecuteTracer(_InstancePatch):
         try:
             result = await self.original(key, stimulus_id=stimulus_id)
         except BaseException as e:
-            span.record_exception(e)
-            span.set_status(Status(StatusCode.ERROR, type(e).__name__))
+            # Dask's execute handles task errors itself: this is Dask failing (or cancelled).
+            stack = "".join(traceback.format_tb(e.__traceback__))
+            errors.record_exception(span, e, None, stack, self.settings.max_attribute_length)
             span.end()
             raise
         finally:

@@ -186,7 +186,7 @@ def test_tuple_int_float_and_very_long_keys(telemetry):
     assert ids.key_to_str(("t", 0)) in keys_seen and "5" in keys_seen and "2.5" in keys_seen
     for span in spans:
         for name, value in span.attributes.items():
-            if isinstance(value, str) and name != "dask.task.prefix":  # see the xfail below
+            if isinstance(value, str):
                 assert len(value) <= LIMIT, name
     # The client's span is named after the key's prefix, capped too.
     assert all(len(s.name) <= len("compute ") + LIMIT for s in telemetry.spans("compute"))
@@ -194,11 +194,6 @@ def test_tuple_int_float_and_very_long_keys(telemetry):
     assert failed.attributes["error.type"] == "TypeError"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="scheduler.py/worker.py: `task <prefix>`/`execute <prefix>` names and "
-    "dask.task.prefix are not capped (a key with no '-' is its own prefix)",
-)
 def test_span_names_of_very_long_keys_are_capped(telemetry):
     with in_process_cluster(n_workers=1) as client:
         assert client.submit(inc, 1, key="k" * 20_000).result() == 2
@@ -282,11 +277,6 @@ def test_foreign_annotations_never_change_results(telemetry):
     assert len(telemetry.spans("graph")) == 2 * len(FOREIGN_ANNOTATIONS)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="scheduler.py update_graph: a task whose `otel` annotation is not a dask-otel "
-    "carrier is skipped as 'created by an earlier graph', so it gets no task spans",
-)
 def test_tasks_with_a_foreign_annotation_are_still_traced(telemetry):
     with uninstrumented_client(telemetry) as client:
         with dask.annotate(otel="garbage"):
