@@ -1,0 +1,116 @@
+"""Clusters where only some processes run dask-otel: Dask works as ever, and the spans
+that can exist do exist.
+
+Real ``dask scheduler``/``dask worker`` processes, each under ``opentelemetry-instrument``
+or plain (dask-otel installed but not activated), export into a receiver on 127.0.0.1;
+the client is ``tests/scripts/workload.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import HERE, bin_path, otel_env, start_scheduler, start_worker
+from traces import by_trace, orphans
+
+
+def run_workload(processes, env, address: str, instrumented: bool) -> str:
+    """Runs the workload client; checks its results; returns its stderr."""
+    command = [sys.executable, str(HERE / "scripts" / "workload.py"), address]
+    if instrumented:
+        command = [bin_path("opentelemetry-instrument"), *command]
+    out = subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=180, cwd=processes.tmp_path
+    )
+    assert out.returncode == 0, out.stdout + out.stderr + processes.logs()
+    observed = json.loads(out.stdout.strip().splitlines()[-1])
+    assert observed == {"results": list(range(1, 9)), "logged": 7, "failed": "injected failure 1"}
+    return out.stderr
+
+
+def assert_no_complaints(text: str) -> None:
+    """Nothing dask-otel says when something is wrong, and no stray exception."""
+    assert "dask-otel:" not in text, text
+    assert "Traceback (most recent call last)" not in text, text
+
+
+def span_sources(rx) -> set[str]:
+    return {s["resource"]["service.name"] for s in rx.spans()}
+
+
+def test_instrumented_workers_with_a_plain_scheduler(receiver, processes):
+    """No scheduler spans: the client's trace still gets every task attempt."""
+    env = otel_env(receiver)
+    address = start_scheduler(processes, env, instrumented=False)
+    for name in ("w0", "w1"):
+        start_worker(processes, env, address, name)
+    stderr = run_workload(processes, env, address, instrumented=True)
+
+    receiver.wait_for(lambda r: len(r.spans(name="execute slow_inc")) == 8)
+    executes = receiver.spans(name="execute slow_inc")
+    (compute,) = receiver.spans(name="compute slow_inc")
+    # One trace: the client's span and the attempts, under the (absent) task spans.
+    assert {s["trace_id"] for s in executes} == {compute["trace_id"]}
+    assert len(orphans([compute, *executes])) == 8
+    assert len({s["resource"]["service.instance.id"] for s in executes}) == 2
+    receiver.wait_for(lambda r: len(r.spans(name="execute fail")) == 2)
+    assert all(s["status_code"] == 2 for s in receiver.spans(name="execute fail"))
+    assert not receiver.spans(name="graph") and not [
+        s for s in receiver.spans() if s["name"].startswith("task ")
+    ]
+    assert span_sources(receiver) == {"dask-client", "dask-worker"}
+    # The workers still learn the cluster's id from the plain scheduler.
+    points = receiver.wait_for(lambda r: r.metrics(name="dask.worker.memory"))
+    assert {p["attributes"]["dask.cluster.id"][:10] for p in points} == {"Scheduler-"}
+    assert_no_complaints(stderr + processes.logs())
+
+
+def test_a_plain_worker_among_instrumented_ones(receiver, processes):
+    """Execute spans from the instrumented worker only; task spans for every task."""
+    env = otel_env(receiver)
+    address = start_scheduler(processes, env)
+    start_worker(processes, env, address, "traced")
+    start_worker(processes, env, address, "plain", instrumented=False)
+    stderr = run_workload(processes, env, address, instrumented=False)
+
+    receiver.wait_for(lambda r: len(r.spans(name="task slow_inc")) == 8)
+    tasks = receiver.spans(name="task slow_inc")
+    assert all(t["attributes"]["dask.task.state"] == "memory" for t in tasks)
+    ran_where = {
+        t["attributes"]["dask.task.key"]: t["attributes"]["dask.worker.address"] for t in tasks
+    }
+    assert len(set(ran_where.values())) == 2  # both workers ran tasks
+
+    def traced_worker(r):
+        return {
+            p["attributes"]["dask.worker.address"] for p in r.metrics(name="dask.worker.memory")
+        }
+
+    (traced,) = receiver.wait_for(traced_worker)
+    expected = {key for key, address in ran_where.items() if address == traced}
+    receiver.wait_for(lambda r: len(r.spans(name="execute slow_inc")) >= len(expected))
+    executes = receiver.spans(name="execute slow_inc")
+    assert {s["attributes"]["dask.task.key"] for s in executes} == expected
+    assert len(executes) == len(expected)
+    trace = by_trace(receiver.spans())[tasks[0]["trace_id"]]
+    assert not orphans(trace)
+    assert_no_complaints(stderr + processes.logs())
+
+
+def test_an_instrumented_client_with_a_plain_cluster(receiver, processes):
+    """Only the client traces: its spans, nothing else, and Dask does not mind the
+    trace context riding in the tasks' annotations."""
+    env = otel_env(receiver)
+    address = start_scheduler(processes, env, instrumented=False)
+    for name in ("w0", "w1"):
+        start_worker(processes, env, address, name, instrumented=False)
+    stderr = run_workload(processes, env, address, instrumented=True)
+
+    names = {"compute slow_inc", "compute log_marker", "compute fail"}
+    receiver.wait_for(lambda r: names <= {s["name"] for s in r.spans()})
+    assert span_sources(receiver) == {"dask-client"}
+    assert {s["name"] for s in receiver.spans()} == names
+    assert len(by_trace(receiver.spans(name="compute slow_inc"))) == 1
+    assert_no_complaints(stderr + processes.logs())
