@@ -1,14 +1,14 @@
 """A daemon thread that builds spans from compact records, off the event loop.
 
-Building a span through the SDK costs ~15 us; the scheduler's event loop only appends a
-record and moves on. ``flush`` lets a closing component wait, boundedly, for the backlog.
+Building a span through the SDK costs ~15-25 us; the scheduler's event loop only appends
+a record and moves on. ``flush`` lets a closing component wait, boundedly, for the backlog.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -18,41 +18,64 @@ logger = logging.getLogger(__name__)
 
 
 class SpanEmitter:
-    """Runs submitted calls one after the other in a background thread."""
+    """Runs submitted calls one after the other in a background thread, in batches.
 
-    def __init__(self, name: str) -> None:
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+    ``submit`` only appends to a deque: waking the thread for every record would hand it
+    the GIL once per task and stall the event loop each time. The thread wakes every
+    ``interval`` seconds (or when flushed), works through everything submitted, and ends
+    after ``idle`` seconds without work (a server stopped without ``close`` leaves no
+    thread behind); the next ``submit`` starts a new one.
+    """
+
+    def __init__(self, name: str, interval: float = 0.1, idle: float = 1.0) -> None:
+        self._name = name
+        self._pending: deque[Any] = deque()
+        self._wake = threading.Event()
+        self._interval = interval
+        self._idle_rounds = max(1, round(idle / interval))
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
 
     def submit(self, emit: Callable[..., None], *args: Any) -> None:
         """Call ``emit(*args)`` in the background thread, after everything before it."""
-        self._queue.put((emit, args))
+        self._pending.append((emit, args))
+        if self._thread is None:
+            self._start()
 
     def flush(self, timeout: float) -> bool:
         """Wait until everything submitted so far is emitted; False on timeout."""
-        if not self._thread.is_alive():
-            return False
         done = threading.Event()
-        self._queue.put(done)
+        self.submit(done.set)
+        self._wake.set()
         return done.wait(timeout)
 
-    def close(self, timeout: float) -> bool:
-        """Emit the backlog (waiting at most ``timeout``) and stop the thread."""
-        flushed = self.flush(timeout)
-        self._queue.put(None)
-        return flushed
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
 
     def _run(self) -> None:
+        pending = self._pending
+        idle = 0
         while True:
-            item = self._queue.get()
-            if item is None:
+            self._wake.wait(self._interval)
+            self._wake.clear()
+            idle = 0 if pending else idle + 1
+            while pending:
+                emit, args = pending.popleft()
+                try:
+                    emit(*args)
+                except Exception:
+                    report_once(logger, "emit", "dask-otel: building a span failed (said once)")
+            if idle >= self._idle_rounds and self._retire():
                 return
-            if isinstance(item, threading.Event):
-                item.set()
-                continue
-            emit, args = item
-            try:
-                emit(*args)
-            except Exception:
-                report_once(logger, "emit", "dask-otel: building a span failed (said once)")
+
+    def _retire(self) -> bool:
+        """End this thread unless work arrived: ``submit`` sees None and starts another."""
+        with self._lock:
+            self._thread = None
+            if not self._pending:
+                return True
+            self._thread = threading.current_thread()
+            return False

@@ -401,7 +401,7 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
 
 
 def _drain(emitter: SpanEmitter, providers: telemetry.Providers, timeout: float) -> None:
-    emitter.close(timeout / 2)
+    emitter.flush(timeout / 2)  # its thread ends by itself once idle
     telemetry.flush(providers, timeout / 2)
 
 

@@ -1,0 +1,48 @@
+"""The scheduler's span emitter: order, flushing, failures, and no thread left behind."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from dask_otel.emitter import SpanEmitter
+
+
+def emitter_threads(name: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == name]
+
+
+def test_calls_run_in_order_and_a_failure_stops_nothing():
+    emitter = SpanEmitter("test-emitter")
+    seen: list[int] = []
+    emitter.submit(seen.append, 1)
+    emitter.submit(lambda: 1 / 0)
+    emitter.submit(seen.append, 2)
+    assert emitter.flush(5)
+    assert seen == [1, 2]
+    assert len(emitter_threads("test-emitter")) == 1
+
+
+def test_the_thread_ends_when_idle_and_comes_back_on_demand():
+    emitter = SpanEmitter("test-emitter-idle", interval=0.01, idle=0.05)
+    assert not emitter_threads("test-emitter-idle")  # nothing submitted, no thread
+    seen: list[int] = []
+    emitter.submit(seen.append, 1)
+    deadline = time.monotonic() + 5
+    while emitter_threads("test-emitter-idle") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert seen == [1] and not emitter_threads("test-emitter-idle")
+    emitter.submit(seen.append, 2)
+    assert emitter.flush(5)
+    assert seen == [1, 2]
+
+
+def test_submissions_racing_the_thread_ending_are_never_lost():
+    emitter = SpanEmitter("test-emitter", interval=0.001, idle=0.001)
+    seen: list[int] = []
+    for i in range(2000):
+        emitter.submit(seen.append, i)
+        if i % 50 == 0:
+            time.sleep(0.002)  # let the thread go idle and retire now and then
+    assert emitter.flush(10)
+    assert seen == list(range(2000))
