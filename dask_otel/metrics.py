@@ -199,7 +199,17 @@ INSTRUMENTS: dict[str, Instrument] = {
         "Run time of one task attempt on a worker",
         ("dask.task.prefix", "dask.task.outcome"),
     ),
+    # -- dask-otel itself (reported by dask_otel.sdk, where dask-otel configured the SDK) -
+    "dask_otel.exporter.dropped": Instrument(
+        "counter",
+        "{item}",
+        "Spans and log records lost by this process's exporters: full queue, failed export",
+        ("dask_otel.signal", "error.type"),
+    ),
 }
+
+#: Counted by :mod:`dask_otel.sdk` (no Dask state to read): not one of :class:`Sources`'.
+DROPPED = "dask_otel.exporter.dropped"
 
 #: Bucket boundaries (seconds) for task and transfer durations: 1 ms to 1 h.
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600)
@@ -388,7 +398,7 @@ class Sources:
         self._cache: dict[str, list[Observation]] = {}
         self._generation = -1
         for name, spec in INSTRUMENTS.items():
-            if spec.kind == "histogram":
+            if spec.kind == "histogram" or name == DROPPED:
                 continue
             create = (
                 meter.create_observable_counter
