@@ -10,6 +10,7 @@ executor thread, so user spans nest under it and user log records carry its ids.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import traceback
 from time import perf_counter
@@ -162,17 +163,21 @@ class TransferTracer(_InstancePatch):
 class GetDataTracer:
     """``get_data`` spans: this worker sending data to a peer, in the producer's trace."""
 
-    def __init__(self, worker: Worker, tracer: trace.Tracer, attributes: dict) -> None:
+    def __init__(self, worker: Worker, tracer: trace.Tracer, attributes: dict, limit: int) -> None:
         self.worker = worker
         self.tracer = tracer
         self.attributes = attributes
+        self.limit = limit
         self.original = worker.handlers["get_data"]
+        # Dask reads a handler's signature (``comm`` first, ``serializers`` accepted):
+        # the handler it calls shows the original's.
+        self.handler = functools.update_wrapper(functools.partial(self.get_data), self.original)
 
     def install(self) -> None:
-        self.worker.handlers["get_data"] = self.get_data
+        self.worker.handlers["get_data"] = self.handler
 
     def uninstall(self) -> None:
-        if self.worker.handlers.get("get_data") == self.get_data:
+        if self.worker.handlers.get("get_data") is self.handler:
             self.worker.handlers["get_data"] = self.original
 
     async def get_data(self, comm: Any, **kwargs: Any) -> Any:
@@ -183,11 +188,17 @@ class GetDataTracer:
             span = None
         if span is None:
             return await self.original(comm, **kwargs)
-        with trace.use_span(span, end_on_exit=True):
+        try:
             result = await self.original(comm, **kwargs)
+        except BaseException as e:
+            errors.record_exception(span, e, None, None, self.limit)
+            raise
+        else:
             if isinstance(result, dict) and result.get("status") == "busy":
                 span.set_attribute("dask.transfer.outcome", "busy")
             return result
+        finally:
+            span.end()
 
     def _start(self, comm: Any, keys: Any, who: str | None) -> trace.Span | None:
         tasks = self.worker.state.tasks
@@ -388,10 +399,10 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
             TransferTracer(worker, self._tracer.tracer, sources, attributes, settings),
         ]
         tracer = self._tracer.tracer
+        limit = settings.max_attribute_length
         if settings.transfer_spans:
-            self._patches.append(GetDataTracer(worker, tracer, attributes))
+            self._patches.append(GetDataTracer(worker, tracer, attributes, limit))
         if settings.spill_spans and SpillTracer.applies(worker):
-            limit = settings.max_attribute_length
             self._patches.append(SpillTracer(worker, tracer, attributes, limit))
         for patch in self._patches:
             patch.install()

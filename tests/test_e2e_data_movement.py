@@ -8,12 +8,8 @@ cluster idle for 10 seconds, then multiplies an array across both workers and pe
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
-from conftest import HERE, bin_path, otel_env
-from test_e2e_opentelemetry_instrument import OTEL, start_cluster
+from conftest import bin_path, otel_env
+from test_e2e_opentelemetry_instrument import run_client, start_cluster
 from traces import by_trace, orphans
 
 IDLE = "10"  # seconds
@@ -28,16 +24,7 @@ def test_transfers_rpcs_and_spilling_in_the_traces_they_serve(receiver, processe
     )
     worker = [bin_path("dask-worker"), "--memory-limit", "400MB"]
     address = start_cluster(processes, env, [worker, worker])
-    out = subprocess.run(
-        [OTEL, sys.executable, str(HERE / "scripts" / "data_movement.py"), address, IDLE],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=processes.tmp_path,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr + processes.logs()
-    observed = json.loads(out.stdout.strip().splitlines()[-1])
+    observed, _ = run_client(processes, env, address, IDLE, script="data_movement.py")
     assert observed["product_ok"]
     assert observed["total"] == 4_000_000 * 3_999_999 / 2
     assert observed["spilled_keys"] > 0

@@ -56,9 +56,10 @@ def start_cluster(processes, env, worker_commands):
     return json.loads(scheduler_file.read_text())["address"]
 
 
-def run_client(processes, env, address, *args):
+def run_client(processes, env, address, *args, script="workload.py"):
+    """Run a client script of tests/scripts under opentelemetry-instrument: (JSON, stderr)."""
     out = subprocess.run(
-        [OTEL, sys.executable, str(HERE / "scripts" / "workload.py"), address, *args],
+        [OTEL, sys.executable, str(HERE / "scripts" / script), address, *args],
         env=env,
         capture_output=True,
         text=True,
