@@ -6,8 +6,10 @@ a record and moves on. ``flush`` lets a closing component wait, boundedly, for t
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +30,11 @@ class SpanEmitter:
     """
 
     def __init__(self, name: str, interval: float = 0.1, idle: float = 1.0) -> None:
+        _emitters.add(self)
+        # atexit runs the last registered first: registered (again) now, after the SDK was
+        # configured, the drain comes before the SDK's own exit shutdown and export.
+        atexit.unregister(_drain_all_at_exit)
+        atexit.register(_drain_all_at_exit)
         self._name = name
         self._pending: deque[Any] = deque()
         self._wake = threading.Event()
@@ -49,6 +56,17 @@ class SpanEmitter:
         self._wake.set()
         return done.wait(timeout)
 
+    def _drain_at_exit(self, timeout: float) -> None:
+        """What is still pending, emitted before the SDK's own exit shutdown exports it."""
+        if not self._pending:
+            return
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+            self.flush(timeout)
+            return
+        while self._pending:  # no thread (or no new thread at exit): emit right here
+            self._emit(*self._pending.popleft())
+
     def _start(self) -> None:
         with self._lock:
             if self._thread is None:
@@ -63,13 +81,16 @@ class SpanEmitter:
             self._wake.clear()
             idle = 0 if pending else idle + 1
             while pending:
-                emit, args = pending.popleft()
-                try:
-                    emit(*args)
-                except Exception:
-                    report_once(logger, "emit", "dask-otel: building a span failed (said once)")
+                self._emit(*pending.popleft())
             if idle >= self._idle_rounds and self._retire():
                 return
+
+    @staticmethod
+    def _emit(emit: Callable[..., None], args: tuple[Any, ...]) -> None:
+        try:
+            emit(*args)
+        except Exception:
+            report_once(logger, "emit", "dask-otel: building a span failed (said once)")
 
     def _retire(self) -> bool:
         """End this thread unless work arrived: ``submit`` sees None and starts another."""
@@ -79,3 +100,16 @@ class SpanEmitter:
                 return True
             self._thread = threading.current_thread()
             return False
+
+
+#: Every emitter, so that what they hold at interpreter exit is not lost (a client's
+#: ``LocalCluster`` left for the interpreter to close, a script that ends right away).
+_emitters: weakref.WeakSet[SpanEmitter] = weakref.WeakSet()
+
+#: Longest the exit waits for each emitter's backlog.
+EXIT_TIMEOUT = 2.0
+
+
+def _drain_all_at_exit() -> None:
+    for emitter in list(_emitters):
+        emitter._drain_at_exit(EXIT_TIMEOUT)
