@@ -2,26 +2,46 @@
 
 ``configure`` builds tracer, meter and logger providers from the standard ``OTEL_*``
 variables (the SDK's own configurator does the reading), with OTLP as the default
-exporter of all three signals and export queues sized for Dask's task rates. It names the
-process after its Dask role, unless the user named it: a process started as
-``dask-worker`` is ``dask-nanny`` (or ``dask-worker`` with ``--no-nanny``), and a process
-that turns out later to host a worker or client (a Nanny's child) is named then. The SDK
+exporter of all three signals, export queues sized for Dask's task rates and export
+batches that fit a collector's 4 MiB message limit; the spans and log records its batch
+processors lose anyway are counted (``dask_otel.exporter.dropped``) and said once in the
+log. It names the process after its Dask role, unless the user named it: a process
+started as ``dask-worker`` is ``dask-nanny`` (or ``dask-worker`` with ``--no-nanny``), and
+a process that turns out later to host a worker or client (a Nanny's child) is named then. The SDK
 gives every process, forked ones included, its own ``service.instance.id``. Providers
 someone else configured are never touched.
 """
 
 from __future__ import annotations
 
+import atexit
+import inspect
+import logging
 import os
 import socket
 import sys
+import threading
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from opentelemetry import _logs, metrics, trace
-from opentelemetry.sdk._configuration import _OTelSDKConfigurator
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk._configuration import _initialize_components, _OTelSDKConfigurator
+from opentelemetry.sdk._logs.export import (
+    BatchLogRecordProcessor,
+    LogRecordExporter,
+    LogRecordExportResult,
+)
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from dask_otel import telemetry
+from dask_otel.report import report_once
+
+logger = logging.getLogger(__name__)
 
 #: Directory for the ``otlp_json_file`` exporters' files (``dask-otel demo`` sets it).
 FILE_EXPORT_DIR = "DASK_OTEL_FILE_EXPORT_DIR"
@@ -40,11 +60,15 @@ ENV_DEFAULTS = {
     "OTEL_METRICS_EXPORTER": "otlp",
     "OTEL_LOGS_EXPORTER": "otlp",
     # The SDK's 2048-span queue overflows at Dask's task rates (a scheduler emits one
-    # `task` span per task); a larger queue and batch keep up without dropping.
+    # `task` span per task): a larger queue absorbs bursts without dropping.
     "OTEL_BSP_MAX_QUEUE_SIZE": "65536",
-    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "2048",
     "OTEL_BLRP_MAX_QUEUE_SIZE": "16384",
-    "OTEL_BLRP_MAX_EXPORT_BATCH_SIZE": "1024",
+    # One export request must stay under the collector's (and gRPC's) 4 MiB message
+    # limit, or the whole batch is retried until the timeout and lost. Spans of failed
+    # tasks carry messages and stacks (up to ~6 kB at the default attribute caps):
+    # 2048 of them made 5 MiB requests; 512 (the SDK's default batch) stays under 4 MiB.
+    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "512",
+    "OTEL_BLRP_MAX_EXPORT_BATCH_SIZE": "512",
 }
 
 
@@ -105,13 +129,38 @@ class DaskOtelConfigurator(_OTelSDKConfigurator):
         directory = os.environ.get(FILE_EXPORT_DIR)
         if directory:
             kwargs["exporter_args_map"] = _file_exporter_paths(directory, role)
+        for name, factory in _counting_processors().items():
+            kwargs.setdefault(name, factory)
         super()._configure(resource_attributes=attributes, **kwargs)
+        _register_dropped_counter()
         providers = (
             trace.get_tracer_provider(),
             metrics.get_meter_provider(),
             _logs.get_logger_provider(),
         )
         _owned = _Owned(providers, role)
+        atexit.unregister(_shutdown_at_exit)  # once, however often this runs
+        atexit.register(_shutdown_at_exit)
+
+
+def _shutdown_at_exit() -> None:
+    """Shut the owned providers down at exit within ``otel.flush-timeout``.
+
+    Replaces the SDK's own atexit shutdown, which waits up to 30 s per batch processor
+    (and again for the metric reader) while the exporters retry against an unreachable
+    or stalled collector: a SIGTERM'd scheduler would take most of a minute to exit.
+    """
+    if _owned is None:
+        return
+    for provider in _owned.providers:
+        atexit.unregister(provider.shutdown)  # the SDK's handler; a second call only warns
+    try:
+        from dask_otel.config import load_settings
+
+        timeout = load_settings().flush_timeout
+    except Exception:
+        timeout = 5.0
+    telemetry.shutdown(telemetry.Providers(*_owned.providers), timeout)  # type: ignore[arg-type]
 
 
 def _file_exporter_paths(directory: str, role: str | None) -> dict[type, dict[str, str]]:
@@ -168,3 +217,216 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# -- lost telemetry --------------------------------------------------------------------
+#
+# The SDK loses spans and log records in two places, both silently as far as a collector
+# can tell: a batch processor whose queue is full drops the new item (and logs a warning
+# that its own duplicate filter mutes for 20 s), and an exporter whose retries failed
+# returns FAILURE, which the batch processor ignores. The processors dask-otel configures
+# count both, and the ``dask_otel.exporter.dropped`` counter reports them.
+
+#: Spans and log records lost in this process, by (signal, reason).
+_dropped: Counter[tuple[str, str]] = Counter()
+_dropped_lock = threading.Lock()
+
+#: Always reported (zero included), so the first loss shows as an increase.
+_DROP_REASONS = ("queue_full", "export_failed")
+_NOUNS = {"traces": "spans", "logs": "log records"}
+_ADVICE = {
+    "queue_full": "its export queue was full (raise {queue}, or check that the collector keeps up)",
+    "export_failed": "the exporter gave up on a batch (is the collector reachable, and does "
+    "it accept messages this large?)",
+    "already_shutdown": "they were made after the SDK shut down",
+}
+_QUEUE_VARIABLES = {"traces": "OTEL_BSP_MAX_QUEUE_SIZE", "logs": "OTEL_BLRP_MAX_QUEUE_SIZE"}
+#: Signals whose losses were reported (checked before the lock: one set lookup a batch).
+_warned: set[str] = set()
+
+
+def dropped() -> dict[tuple[str, str], int]:
+    """Spans and log records lost so far in this process, by ``(signal, reason)``."""
+    with _dropped_lock:
+        return dict(_dropped)
+
+
+def _count_dropped(signal: str, reason: str, count: int) -> None:
+    """Count lost items. Cheap: called by a batch processor for each item it drops."""
+    with _dropped_lock:
+        _dropped[signal, reason] += count
+
+
+def _warn_dropped(signal: str) -> None:
+    """Say once per signal (in the exporting thread, off the hot path) what was lost."""
+    if f"dropped {signal}" in _warned:
+        return
+    with _dropped_lock:
+        lost = {reason: n for (s, reason), n in _dropped.items() if s == signal and n}
+    if not lost:
+        return
+    _warned.add(f"dropped {signal}")
+    reasons = "; ".join(
+        f"{n} because {_ADVICE.get(reason, reason)}".format(queue=_QUEUE_VARIABLES[signal])
+        for reason, n in sorted(lost.items())
+    )
+    report_once(
+        logger,
+        f"dropped {signal}",
+        "dask-otel: %s lost: %s. Said once: from now on losses are only counted, in the "
+        "dask_otel.exporter.dropped metric",
+        _NOUNS[signal],
+        reasons,
+    )
+
+
+def _observe_dropped(options: CallbackOptions) -> list[Observation]:
+    counts = dropped()
+    for signal in _NOUNS:
+        for reason in _DROP_REASONS:
+            counts.setdefault((signal, reason), 0)
+    # A scheduler or worker in this process names the cluster its losses belong to.
+    identity = {}
+    logs = sys.modules.get("dask_otel.logs")
+    if logs is not None and "dask.cluster.id" in logs.identity:
+        identity["dask.cluster.id"] = logs.identity["dask.cluster.id"]
+    return [
+        Observation(count, {**identity, "dask_otel.signal": signal, "error.type": reason})
+        for (signal, reason), count in sorted(counts.items())
+    ]
+
+
+def _register_dropped_counter() -> None:
+    """The ``dask_otel.exporter.dropped`` counter, on the meter provider just configured."""
+    from dask_otel.metrics import DROPPED, INSTRUMENTS
+    from dask_otel.version import __version__
+
+    spec = INSTRUMENTS[DROPPED]
+    meter = metrics.get_meter_provider().get_meter(telemetry.SCOPE, __version__)
+    meter.create_observable_counter(
+        DROPPED, callbacks=[_observe_dropped], unit=spec.unit, description=spec.description
+    )
+
+
+class _CountingSpanExporter(SpanExporter):
+    """Passes batches on to ``exporter``; counts the spans of batches that failed."""
+
+    def __init__(self, exporter: SpanExporter) -> None:
+        self.exporter = exporter
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return _export(self.exporter, spans, "traces")  # type: ignore[no-any-return]
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        _shutdown(self.exporter, timeout_millis, "traces")
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return self.exporter.force_flush(timeout_millis)
+
+
+class _CountingLogRecordExporter(LogRecordExporter):
+    """Passes batches on to ``exporter``; counts the records of batches that failed."""
+
+    def __init__(self, exporter: LogRecordExporter) -> None:
+        self.exporter = exporter
+
+    def export(self, batch: Sequence[Any]) -> LogRecordExportResult:
+        return _export(self.exporter, batch, "logs")  # type: ignore[no-any-return]
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        _shutdown(self.exporter, timeout_millis, "logs")
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return self.exporter.force_flush(timeout_millis)
+
+
+def _export(exporter: Any, batch: Sequence[Any], signal: str) -> Any:
+    _warn_dropped(signal)  # queue drops since the last batch
+    try:
+        result = exporter.export(batch)
+    except Exception:
+        _count_dropped(signal, "export_failed", len(batch))
+        _warn_dropped(signal)
+        raise
+    if getattr(result, "name", "SUCCESS") != "SUCCESS":  # SpanExportResult.FAILURE, ...
+        _count_dropped(signal, "export_failed", len(batch))
+        _warn_dropped(signal)
+    return result
+
+
+def _shutdown(exporter: Any, timeout_millis: float, signal: str) -> None:
+    _warn_dropped(signal)
+    # The batch processor passes its remaining time to exporters that take it.
+    if "timeout_millis" in inspect.signature(exporter.shutdown).parameters:
+        exporter.shutdown(timeout_millis=timeout_millis)
+    else:
+        exporter.shutdown()
+
+
+class _QueueDrops:
+    """Counts the items a batch processor drops, then tells the SDK's own metrics.
+
+    Stands in for the ``ProcessorMetrics`` object the SDK gives its batch processors
+    (``opentelemetry.sdk._shared_internal``): ``drop_items`` is called for every item
+    dropped because the queue was full or the processor shut down.
+    """
+
+    def __init__(self, inner: Any, signal: str) -> None:
+        self._inner = inner
+        self._signal = signal
+
+    def register_queue_size(self, get_queue_size: Any) -> None:
+        self._inner.register_queue_size(get_queue_size)
+
+    def drop_items(self, count: int, error_type: str = "queue_full") -> None:
+        _count_dropped(self._signal, error_type, count)
+        self._inner.drop_items(count, error_type)
+
+    def finish_items(self, count: int) -> None:
+        self._inner.finish_items(count)
+
+
+def _count_queue_drops(processor: Any, signal: str) -> None:
+    """Make ``processor`` count the items its full queue drops.
+
+    The SDK (1.45) offers no public hook for this: its batch processors report drops to
+    an internal metrics object (and to a rate-limited log line). Swap that object for
+    one that counts; with an SDK laid out differently, say once that queue drops go
+    uncounted (failed exports still are).
+    """
+    batch = getattr(processor, "_batch_processor", None)
+    inner = getattr(batch, "_metrics", None)
+    if inner is None or not callable(getattr(inner, "drop_items", None)):
+        report_once(
+            logger,
+            "queue drops",
+            "dask-otel: this OpenTelemetry SDK hides its batch queue; %s dropped from a "
+            "full queue are not counted",
+            _NOUNS[signal],
+        )
+        return
+    batch._metrics = _QueueDrops(inner, signal)
+
+
+def _span_processor(exporter: SpanExporter) -> BatchSpanProcessor:
+    """The configurator's processor per span exporter: batching, losses counted."""
+    processor = BatchSpanProcessor(_CountingSpanExporter(exporter))
+    _count_queue_drops(processor, "traces")
+    return processor
+
+
+def _log_record_processor(exporter: LogRecordExporter) -> BatchLogRecordProcessor:
+    """The configurator's processor per log exporter: batching, losses counted."""
+    processor = BatchLogRecordProcessor(_CountingLogRecordExporter(exporter))
+    _count_queue_drops(processor, "logs")
+    return processor
+
+
+def _counting_processors() -> dict[str, Any]:
+    """Configurator arguments that make its batch processors count what they lose."""
+    accepted = inspect.signature(_initialize_components).parameters
+    factories = {
+        "export_span_processor": _span_processor,
+        "export_log_record_processor": _log_record_processor,
+    }
+    return {name: factory for name, factory in factories.items() if name in accepted}

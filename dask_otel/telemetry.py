@@ -56,6 +56,10 @@ def is_configured() -> bool:
     )
 
 
+#: Whether the last bounded flush in this process gave up (collector down or stalled).
+_gave_up = False
+
+
 def flush(providers: Providers, timeout: float) -> bool:
     """Export what the providers hold, waiting at most ``timeout`` seconds in all.
 
@@ -63,6 +67,25 @@ def flush(providers: Providers, timeout: float) -> bool:
     (the exporter's retries run to completion), so each provider flushes in a daemon
     thread and the caller stops waiting at the deadline. True if all finished in time.
     """
+    global _gave_up
+    done = _bounded("force_flush", providers, timeout, {"timeout_millis": int(timeout * 1000)})
+    _gave_up = not done
+    return done
+
+
+def shutdown(providers: Providers, timeout: float) -> bool:
+    """Shut the providers down (a last export), waiting at most ``timeout`` seconds.
+
+    The SDK's own shutdown joins each batch processor for up to 30 s while its exporter
+    retries against an unreachable collector; here the caller stops waiting at the
+    deadline and leaves the rest to daemon threads. When the last flush already gave up,
+    only a short grace is spent: the collector is most likely still gone.
+    """
+    return _bounded("shutdown", providers, min(timeout, 1.0) if _gave_up else timeout, {})
+
+
+def _bounded(method: str, providers: Providers, timeout: float, kwargs: dict[str, Any]) -> bool:
+    """Call ``method`` of every provider in daemon threads; wait at most ``timeout``."""
     deadline = time.monotonic() + timeout
     threads = []
     for provider in (
@@ -70,12 +93,12 @@ def flush(providers: Providers, timeout: float) -> bool:
         providers.logger_provider,
         providers.meter_provider,
     ):
-        force_flush = getattr(provider, "force_flush", None)
-        if force_flush is not None:
+        call = getattr(provider, method, None)
+        if call is not None:
             thread = threading.Thread(
-                target=force_flush,
-                kwargs={"timeout_millis": int(timeout * 1000)},
-                name="dask-otel-flush",
+                target=call,
+                kwargs=kwargs,
+                name=f"dask-otel-{method.replace('_', '-')}",
                 daemon=True,
             )
             thread.start()

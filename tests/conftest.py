@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -184,3 +185,35 @@ def wait_for_file(path: Path, procs: Processes, timeout: float = 60) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"{path} never appeared\n{procs.logs()}")
         time.sleep(0.1)
+
+
+def start_scheduler(
+    procs: Processes, env: dict[str, str], instrumented: bool = True, name: str = "scheduler"
+) -> str:
+    """A ``dask scheduler`` process on 127.0.0.1 (under ``opentelemetry-instrument`` when
+    ``instrumented``); returns its address once it is up."""
+    scheduler_file = procs.tmp_path / f"{name}.json"
+    command = [bin_path("dask"), "scheduler", "--host", "127.0.0.1", "--port", "0"]
+    command += ["--no-dashboard", "--dashboard-address", "127.0.0.1:0"]  # HTTP routes stay
+    command += ["--scheduler-file", str(scheduler_file)]
+    if instrumented:
+        command = [bin_path("opentelemetry-instrument"), *command]
+    procs.start(command, env, name)
+    wait_for_file(scheduler_file, procs)
+    return json.loads(scheduler_file.read_text())["address"]
+
+
+def start_worker(
+    procs: Processes,
+    env: dict[str, str],
+    address: str,
+    name: str,
+    instrumented: bool = True,
+    nanny: bool = True,
+) -> subprocess.Popen:
+    """A one-thread ``dask worker`` process called ``name`` (with a Nanny unless told)."""
+    command = [bin_path("dask"), "worker", address, "--host", "127.0.0.1", "--nthreads", "1"]
+    command += ["--no-dashboard", "--name", name, *([] if nanny else ["--no-nanny"])]
+    if instrumented:
+        command = [bin_path("opentelemetry-instrument"), *command]
+    return procs.start(command, env, name)

@@ -12,6 +12,7 @@ plain Python dicts that tests can assert on::
 from __future__ import annotations
 
 import gzip
+import socket
 import threading
 import time
 import zlib
@@ -35,8 +36,10 @@ __all__ = [
     "MetricPointData",
     "OTLPReceiver",
     "SpanData",
+    "StalledCollector",
     "any_value_to_python",
     "attributes_to_dict",
+    "closed_port",
 ]
 
 Signal = Literal["traces", "metrics", "logs"]
@@ -312,8 +315,8 @@ class _LogsServicer(logs_service_pb2_grpc.LogsServiceServicer):
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, rx: OTLPReceiver) -> None:
-        super().__init__(("127.0.0.1", 0), _OTLPHandler)
+    def __init__(self, rx: OTLPReceiver, port: int = 0) -> None:
+        super().__init__(("127.0.0.1", port), _OTLPHandler)
         self.rx = rx
 
 
@@ -376,9 +379,13 @@ def _decompress(body: bytes, encoding: str | None) -> bytes:
 
 
 class OTLPReceiver:
-    """OTLP receiver on 127.0.0.1: gRPC and HTTP/protobuf, each on a free port."""
+    """OTLP receiver on 127.0.0.1: gRPC and HTTP/protobuf, each on a free port.
 
-    def __init__(self) -> None:
+    ``grpc_port``/``http_port`` bind given ports instead, e.g. to bring a collector back
+    where a stopped one was (see :meth:`restarted`).
+    """
+
+    def __init__(self, grpc_port: int = 0, http_port: int = 0) -> None:
         self._lock = threading.Lock()
         self._spans: list[SpanData] = []
         self._logs: list[LogRecordData] = []
@@ -394,6 +401,7 @@ class OTLPReceiver:
         self._http_thread: threading.Thread | None = None
         self._grpc_port = 0
         self._http_port = 0
+        self._ports = (grpc_port, http_port)
         self._stopped = False
 
     # lifecycle -------------------------------------------------------------
@@ -409,13 +417,13 @@ class OTLPReceiver:
             _MetricsServicer(self), server
         )
         logs_service_pb2_grpc.add_LogsServiceServicer_to_server(_LogsServicer(self), server)
-        self._grpc_port = server.add_insecure_port("127.0.0.1:0")
+        self._grpc_port = server.add_insecure_port(f"127.0.0.1:{self._ports[0]}")
         if not self._grpc_port:
             raise RuntimeError("could not bind the OTLP gRPC receiver")
         server.start()
         self._grpc_server = server
 
-        self._http_server = _HTTPServer(self)
+        self._http_server = _HTTPServer(self, self._ports[1])
         self._http_port = self._http_server.server_address[1]
         self._http_thread = threading.Thread(
             target=self._http_server.serve_forever,
@@ -438,6 +446,10 @@ class OTLPReceiver:
             self._http_server.server_close()
         if self._http_thread is not None:
             self._http_thread.join(5)
+
+    def restarted(self) -> OTLPReceiver:
+        """A new receiver, started on this (stopped) receiver's ports: the collector is back."""
+        return OTLPReceiver(self._grpc_port, self._http_port).start()
 
     def __enter__(self) -> OTLPReceiver:
         return self.start()
@@ -539,3 +551,64 @@ class OTLPReceiver:
         if last_error is not None:
             message += f"; last predicate error: {last_error!r}"
         raise AssertionError(message) from last_error
+
+
+# --------------------------------------------------------------------------- faults
+
+
+def closed_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on: a collector that is not there."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class StalledCollector:
+    """A hung collector: accepts TCP connections on 127.0.0.1 and never answers.
+
+    Exporters connect, send their request and wait for their own timeout. ``port`` binds
+    a given port (the one a stopped :class:`OTLPReceiver` used, say).
+    """
+
+    def __init__(self, port: int = 0) -> None:
+        self._socket = socket.socket()
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind(("127.0.0.1", port))
+        self._socket.listen(64)
+        self._socket.settimeout(0.1)
+        self.port: int = self._socket.getsockname()[1]
+        self._held: list[socket.socket] = []
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._hold, name="stalled-collector", daemon=True)
+        self._thread.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def connections(self) -> int:
+        """Connections accepted so far (and held, unanswered)."""
+        return len(self._held)
+
+    def _hold(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                conn, _ = self._socket.accept()
+            except (TimeoutError, OSError):
+                continue
+            self._held.append(conn)  # read nothing, answer nothing
+
+    def close(self) -> None:
+        """Drop every held connection and free the port. Idempotent."""
+        self._stopped.set()
+        self._thread.join(5)
+        for conn in self._held:
+            conn.close()
+        self._socket.close()
+
+    def __enter__(self) -> StalledCollector:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
