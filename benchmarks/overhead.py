@@ -1,14 +1,22 @@
-"""Overhead of dask-otel on Dask's own bottleneck: many tiny tasks.
+"""Overhead of dask-otel on Dask's own bottleneck: many tiny tasks, and moving data.
 
-Runs N no-op tasks (``client.map``) on an in-process ``LocalCluster(n_workers=2,
-threads_per_worker=1, processes=False)``, plain and instrumented, in interleaved rounds
-within one run, and reports the median of the per-round ratios with min and max. The
-instrumented rounds use the real SDK with every span sampled (batch span processor) and
-metrics on (a periodic reader collecting every 5 s); spans and metrics go to exporters
-that discard them (``--export otlp`` sends spans over OTLP/gRPC to a receiver in another
-process instead, so the export cost is included).
+Runs a workload on an in-process ``LocalCluster(n_workers=2, threads_per_worker=1,
+processes=False)``, plain and instrumented, in interleaved rounds within one run, and
+reports the median of the per-round ratios with min and max. The instrumented rounds use
+the real SDK with every span sampled (batch span processor) and metrics on (a periodic
+reader collecting every 5 s); spans and metrics go to exporters that discard them
+(``--export otlp`` sends spans over OTLP/gRPC to a receiver in another process instead,
+so the export cost is included). Workloads:
+
+- ``noop``: ``--tasks`` no-op tasks with ``client.map``;
+- ``graph``: one graph of ``--tasks`` tasks (half leaves, half a binary tree summing them);
+- ``movement``: an array multiplied by its transpose across both workers (dependency
+  transfers), then 128 MB persisted on workers whose spill target is 36 MB each and
+  summed (spilling and reading back).
 
     python benchmarks/overhead.py --tasks 20000 --rounds 7
+    python benchmarks/overhead.py --workload graph --tasks 4000 --rounds 7
+    python benchmarks/overhead.py --workload movement --rounds 7
 """
 
 from __future__ import annotations
@@ -23,8 +31,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import dask
+import dask.array as da
 import yaml
-from distributed import Client, LocalCluster
+from distributed import Client, LocalCluster, wait
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     MetricExporter,
@@ -74,18 +83,63 @@ def noop(i: int) -> int:
     return i
 
 
-def one_round(tasks: int) -> tuple[float, float]:
-    """(wall seconds, process CPU seconds) to run ``tasks`` no-op tasks on a new cluster."""
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+def run_noop(client: Client, tasks: int) -> None:
+    client.gather(client.map(noop, range(tasks), pure=False))
+
+
+def run_graph(client: Client, tasks: int) -> None:
+    """One graph: ``tasks / 2`` leaves summed pairwise up a tree (``tasks - 1`` in all)."""
+    level = [dask.delayed(noop)(i, dask_key_name=f"leaf-{i}") for i in range(tasks // 2)]
+    while len(level) > 1:
+        level = [
+            dask.delayed(add)(*level[i : i + 2]) if i + 1 < len(level) else level[i]
+            for i in range(0, len(level), 2)
+        ]
+    assert client.compute(level[0]).result() == sum(range(tasks // 2))
+
+
+def run_movement(client: Client, tasks: int) -> None:
+    x = da.random.random((3000, 3000), chunks=(500, 500))
+    (x @ x.T).sum().compute()
+    numbers = da.arange(16_000_000, chunks=500_000, dtype=float).persist()
+    wait(numbers)
+    assert float(numbers.sum().compute()) == 16_000_000 * 15_999_999 / 2
+    del numbers
+
+
+WORKLOADS = {"noop": run_noop, "graph": run_graph, "movement": run_movement}
+#: Worker memory for the movement workload: 60 MB each, spilling above 36 MB (target),
+#: and no process-memory thresholds (the benchmark process is the workers' process).
+MOVEMENT_MEMORY = {
+    "distributed.worker.memory.target": 0.6,
+    "distributed.worker.memory.spill": False,
+    "distributed.worker.memory.pause": False,
+    "distributed.worker.memory.terminate": False,
+}
+
+
+def one_round(workload: str, tasks: int) -> tuple[float, float]:
+    """(wall seconds, process CPU seconds) to run ``workload`` on a new cluster."""
+    memory = workload == "movement"
     with (
+        dask.config.set(MOVEMENT_MEMORY if memory else {}),
         LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
+            n_workers=2,
+            threads_per_worker=1,
+            processes=False,
+            dashboard_address=":0",
+            memory_limit="60MB" if memory else "auto",
         ) as cluster,
         Client(cluster) as client,
     ):
         client.gather(client.map(noop, range(50), pure=False))  # warm up
         gc.collect()
         wall, cpu = time.perf_counter(), time.process_time()
-        client.gather(client.map(noop, range(tasks), pure=False))
+        WORKLOADS[workload](client, tasks)
         return time.perf_counter() - wall, time.process_time() - cpu
 
 
@@ -107,6 +161,7 @@ def make_exporter(kind: str) -> tuple[SpanExporter, subprocess.Popen | None]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="noop")
     parser.add_argument("--tasks", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--export", choices=["discard", "otlp"], default="discard")
@@ -134,11 +189,11 @@ def main() -> None:
     ratios, cpu_ratios, plain_times, traced_times = [], [], [], []
     try:
         for r in range(args.rounds):
-            plain = one_round(args.tasks)
+            plain = one_round(args.workload, args.tasks)
             instrumentor.instrument(tracer_provider=provider, meter_provider=meter_provider)
             try:
                 with dask.config.set(settings):
-                    traced = one_round(args.tasks)
+                    traced = one_round(args.workload, args.tasks)
             finally:
                 instrumentor.uninstrument()
             provider.force_flush()
@@ -157,9 +212,11 @@ def main() -> None:
         if receiver is not None:
             receiver.communicate("")
 
-    per_task_us = 1e6 * (statistics.median(traced_times) - statistics.median(plain_times))
+    extra = statistics.median(traced_times) - statistics.median(plain_times)
+    per_task = "" if args.workload == "movement" else f", {1e6 * extra / args.tasks:.1f} us/task"
     print(
-        f"\n{args.tasks} no-op tasks, {args.rounds} interleaved rounds, export={args.export}"
+        f"\n{args.workload} workload, --tasks {args.tasks}, {args.rounds} interleaved rounds, "
+        f"export={args.export}"
         f" {' '.join(args.set)}\n"
         f"wall ratio  median {statistics.median(ratios):.3f}  "
         f"min {min(ratios):.3f}  max {max(ratios):.3f}\n"
@@ -167,7 +224,7 @@ def main() -> None:
         f"min {min(cpu_ratios):.3f}  max {max(cpu_ratios):.3f}\n"
         f"plain median {statistics.median(plain_times):.3f}s  "
         f"instrumented median {statistics.median(traced_times):.3f}s  "
-        f"(+{per_task_us / args.tasks:.1f} us/task)"
+        f"(+{extra:.3f}s{per_task})"
     )
     if isinstance(exporter, DiscardingExporter):
         print(f"spans exported: {exporter.count}")
