@@ -6,7 +6,6 @@ import logging
 import os
 
 from dask_otel.config import Settings, load_settings
-from dask_otel.report import report_once
 
 logger = logging.getLogger(__name__)
 
@@ -37,13 +36,7 @@ def activate(role: str) -> Settings | None:
         sdk.configure(role)
     except Exception as e:
         # A typo in an OTEL_* variable must not stop a cluster: run it untraced, say so.
-        report_once(
-            logger,
-            f"configure: {e}",
-            "dask-otel: cannot configure OpenTelemetry from the OTEL_* settings, "
-            "telemetry is off in this process: %r",
-            e,
-        )
+        sdk.configuration_failed(e)
         return None
     errors.set_redaction(settings)
     if settings.logs_enabled:

@@ -131,7 +131,13 @@ class DaskOtelConfigurator(_OTelSDKConfigurator):
             kwargs["exporter_args_map"] = _file_exporter_paths(directory, role)
         for name, factory in _counting_processors().items():
             kwargs.setdefault(name, factory)
-        super()._configure(resource_attributes=attributes, **kwargs)
+        try:
+            super()._configure(resource_attributes=attributes, **kwargs)
+        except Exception as e:
+            # Raised here, opentelemetry-instrument would print it and load no
+            # instrumentor at all: say what is wrong once, and let the process run.
+            configuration_failed(e)
+            return
         _register_dropped_counter()
         providers = (
             trace.get_tracer_provider(),
@@ -181,6 +187,17 @@ def _file_exporter_paths(directory: str, role: str | None) -> dict[type, dict[st
         FileMetricExporter: {"path": os.path.join(directory, f"metrics-{stem}")},
         FileLogExporter: {"path": os.path.join(directory, f"logs-{stem}")},
     }
+
+
+def configuration_failed(error: Exception) -> None:
+    """Say once that a bad ``OTEL_*`` setting keeps this process from exporting."""
+    report_once(
+        logger,
+        f"configure: {error}",
+        "dask-otel: cannot configure OpenTelemetry from the OTEL_* settings, "
+        "telemetry is off in this process: %r",
+        error,
+    )
 
 
 def configure(role: str) -> None:
