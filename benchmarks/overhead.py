@@ -178,7 +178,7 @@ def main() -> None:
     exporter, receiver = make_exporter(args.export)
     provider = TracerProvider()
     provider.add_span_processor(
-        BatchSpanProcessor(exporter, max_queue_size=65536, max_export_batch_size=2048)
+        BatchSpanProcessor(exporter, max_queue_size=65536, max_export_batch_size=512)
     )
     meter_provider = MeterProvider(
         metric_readers=[

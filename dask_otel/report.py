@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 
 _reported: set[str] = set()
@@ -16,4 +17,4 @@ def report_once(logger: logging.Logger, key: str, message: str, *args: object) -
         if key in _reported:
             return
         _reported.add(key)
-    logger.error(message, *args, exc_info=True)
+    logger.error(message, *args, exc_info=sys.exc_info()[0] is not None)
