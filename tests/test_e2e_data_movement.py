@@ -30,8 +30,18 @@ def test_transfers_rpcs_and_spilling_in_the_traces_they_serve(receiver, processe
     assert observed["spilled_keys"] > 0
 
     names = ("transfer", "get_data", "rpc get_data", "spill arange", "unspill arange")
-    receiver.wait_for(lambda r: all(r.spans(name=n) for n in names), timeout=60)
-    spans = receiver.spans()
+
+    def arrived(r):
+        """Every kind of span, and the parents of all that moved data (each process
+        exports on its own schedule; the scheduler's task spans may come last)."""
+        spans = r.spans()
+        present = {(s["trace_id"], s["span_id"]) for s in spans}
+        moved = [s for s in spans if s["name"] in names]
+        kinds = {s["name"] for s in moved} == set(names)
+        parents = all((s["trace_id"], s["parent_span_id"]) in present for s in moved)
+        return kinds and parents and spans
+
+    spans = receiver.wait_for(arrived, timeout=60)
     traces = by_trace(spans)
     tasks = {(s["trace_id"], s["span_id"]): s for s in spans if s["name"].startswith("task ")}
 
