@@ -53,11 +53,19 @@ def peer_attributes(address: str | None, prefix: str) -> dict[str, Any]:
     """``<prefix>.address`` and ``<prefix>.port`` of a Dask address, when it has them."""
     if not address:
         return {}
-    try:
-        host, port = get_address_host_port(address)
-    except Exception:  # inproc:// and other transports without host and port
-        return {f"{prefix}.address": address}
+    host, port = _host_port(address)
+    if port is None:
+        return {f"{prefix}.address": host}
     return {f"{prefix}.address": host, f"{prefix}.port": port}
+
+
+@functools.lru_cache(maxsize=1024)
+def _host_port(address: str) -> tuple[str, int | None]:
+    """Parsed once per peer: a cluster talks to the same few addresses all the time."""
+    try:
+        return get_address_host_port(address)
+    except Exception:  # inproc:// and other transports without host and port
+        return address, None
 
 
 def _start(state: _State, op: Any, comm: Any) -> trace.Span | None:
