@@ -139,19 +139,24 @@ def traced_handler(
 
     @functools.wraps(handler)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        call = functools.partial(handler, *args, **kwargs)
         comm = args[0] if args else kwargs.get("comm")
-        span = tracer.start_span(
-            f"rpc {op}",
-            context=Context(),  # nothing links a request to its sender's trace
-            kind=SpanKind.SERVER,
-            attributes={
-                **logs.identity,
-                "rpc.system.name": SYSTEM,
-                "rpc.method": op,
-                **peer_attributes(getattr(comm, "peer_address", None), "network.peer"),
-            },
-        )
-        return await _traced(span, functools.partial(handler, *args, **kwargs), limit)
+        try:
+            span = tracer.start_span(
+                f"rpc {op}",
+                context=Context(),  # nothing links a request to its sender's trace
+                kind=SpanKind.SERVER,
+                attributes={
+                    **logs.identity,
+                    "rpc.system.name": SYSTEM,
+                    "rpc.method": op,
+                    **peer_attributes(getattr(comm, "peer_address", None), "network.peer"),
+                },
+            )
+        except Exception:  # telemetry never stands between Dask and its peers
+            result = call()
+            return await result if inspect.isawaitable(result) else result
+        return await _traced(span, call, limit)
 
     return wrapper
 
