@@ -32,11 +32,9 @@ from opentelemetry.sdk._configuration import _initialize_components, _OTelSDKCon
 from opentelemetry.sdk._logs.export import (
     BatchLogRecordProcessor,
     LogRecordExporter,
-    LogRecordExportResult,
 )
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
 from dask_otel import telemetry
 from dask_otel.report import report_once
@@ -325,59 +323,50 @@ def _register_dropped_counter() -> None:
     )
 
 
-class _CountingSpanExporter(SpanExporter):
-    """Passes batches on to ``exporter``; counts the spans of batches that failed."""
+class _CountingExporter:
+    """Passes batches on to ``exporter``; counts the items of batches that failed.
 
-    def __init__(self, exporter: SpanExporter) -> None:
+    One implementation for both signals: ``signal`` names which one (``traces``, ``logs``).
+    """
+
+    signal: str
+
+    def __init__(self, exporter: Any) -> None:
         self.exporter = exporter
 
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        return _export(self.exporter, spans, "traces")  # type: ignore[no-any-return]
+    def export(self, batch: Sequence[Any]) -> Any:
+        _warn_dropped(self.signal)  # queue drops since the last batch
+        try:
+            result = self.exporter.export(batch)
+        except Exception:
+            self._failed(len(batch))
+            raise
+        if getattr(result, "name", "SUCCESS") != "SUCCESS":  # SpanExportResult.FAILURE, ...
+            self._failed(len(batch))
+        return result
+
+    def _failed(self, count: int) -> None:
+        _count_dropped(self.signal, "export_failed", count)
+        _warn_dropped(self.signal)
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        _shutdown(self.exporter, timeout_millis, "traces")
+        _warn_dropped(self.signal)
+        # The batch processor passes its remaining time to exporters that take it.
+        if "timeout_millis" in inspect.signature(self.exporter.shutdown).parameters:
+            self.exporter.shutdown(timeout_millis=timeout_millis)
+        else:
+            self.exporter.shutdown()
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return self.exporter.force_flush(timeout_millis)
+        return self.exporter.force_flush(timeout_millis)  # type: ignore[no-any-return]
 
 
-class _CountingLogRecordExporter(LogRecordExporter):
-    """Passes batches on to ``exporter``; counts the records of batches that failed."""
-
-    def __init__(self, exporter: LogRecordExporter) -> None:
-        self.exporter = exporter
-
-    def export(self, batch: Sequence[Any]) -> LogRecordExportResult:
-        return _export(self.exporter, batch, "logs")  # type: ignore[no-any-return]
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        _shutdown(self.exporter, timeout_millis, "logs")
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return self.exporter.force_flush(timeout_millis)
+class _CountingSpanExporter(_CountingExporter, SpanExporter):
+    signal = "traces"
 
 
-def _export(exporter: Any, batch: Sequence[Any], signal: str) -> Any:
-    _warn_dropped(signal)  # queue drops since the last batch
-    try:
-        result = exporter.export(batch)
-    except Exception:
-        _count_dropped(signal, "export_failed", len(batch))
-        _warn_dropped(signal)
-        raise
-    if getattr(result, "name", "SUCCESS") != "SUCCESS":  # SpanExportResult.FAILURE, ...
-        _count_dropped(signal, "export_failed", len(batch))
-        _warn_dropped(signal)
-    return result
-
-
-def _shutdown(exporter: Any, timeout_millis: float, signal: str) -> None:
-    _warn_dropped(signal)
-    # The batch processor passes its remaining time to exporters that take it.
-    if "timeout_millis" in inspect.signature(exporter.shutdown).parameters:
-        exporter.shutdown(timeout_millis=timeout_millis)
-    else:
-        exporter.shutdown()
+class _CountingLogRecordExporter(_CountingExporter, LogRecordExporter):
+    signal = "logs"
 
 
 class _QueueDrops:

@@ -7,7 +7,6 @@ invalid ``otel:`` config in a client and garbage ``OTEL_*`` variables in a real 
 
 from __future__ import annotations
 
-import json
 import logging
 import operator
 import pickle
@@ -15,7 +14,7 @@ from contextlib import contextmanager
 
 import dask
 import pytest
-from conftest import bin_path, flush_scheduler, in_process_cluster, otel_env, wait_for_file
+from conftest import flush_scheduler, in_process_cluster, otel_env, start_scheduler, start_worker
 from distributed import Client
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -379,35 +378,19 @@ def test_invalid_client_config_submits_untraced_and_says_so_once(telemetry, capl
 
 # -- garbage OTEL_* variables in real worker processes --------------------------------------
 
-OTEL = bin_path("opentelemetry-instrument")
-
 
 def test_garbage_otel_variables_in_a_real_worker(receiver, processes):
     """Two ``dask worker`` processes under opentelemetry-instrument: one with a setting the
     SDK replaces by its default (still traced), one with a setting no SDK can be built
     from (runs untraced). Both compute; each names its variable."""
     env = otel_env(receiver)
-    scheduler_file = processes.tmp_path / "scheduler.json"
-    processes.start(
-        [OTEL, bin_path("dask"), "scheduler", "--host", "127.0.0.1", "--port", "0",
-         "--no-dashboard", "--scheduler-file", str(scheduler_file)],
-        env,
-        "scheduler",
-    )  # fmt: skip
-    wait_for_file(scheduler_file, processes)
+    address = start_scheduler(processes, env)
     garbage = {
         "recoverable": {"OTEL_BSP_MAX_QUEUE_SIZE": "lots"},
         "fatal": {"OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "huge"},
     }
     for name, variables in garbage.items():
-        processes.start(
-            [OTEL, bin_path("dask"), "worker", "--scheduler-file", str(scheduler_file),
-             "--host", "127.0.0.1", "--nthreads", "1", "--no-dashboard", "--no-nanny",
-             "--name", name],
-            {**env, **variables},
-            name,
-        )  # fmt: skip
-    address = json.loads(scheduler_file.read_text())["address"]
+        start_worker(processes, {**env, **variables}, address, name, nanny=False)
     with Client(address, timeout=60) as client:
         client.wait_for_workers(2, timeout=90)
         workers = {info["name"]: addr for addr, info in client.scheduler_info()["workers"].items()}

@@ -21,7 +21,7 @@ import dask
 import grpc
 import psutil
 import pytest
-from conftest import bin_path, flush_scheduler, in_process_cluster, otel_env, wait_for_file
+from conftest import flush_scheduler, in_process_cluster, otel_env, start_scheduler, start_worker
 from distributed import Client
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
@@ -400,22 +400,9 @@ def test_dask_otel_opens_no_listening_port(receiver, processes):
     """A scheduler and a worker (with its Nanny) under opentelemetry-instrument listen on
     Dask's own ports and nothing else."""
     env = otel_env(receiver)
-    otel = bin_path("opentelemetry-instrument")
-    scheduler_file = processes.tmp_path / "scheduler.json"
-    scheduler = processes.start(
-        [otel, bin_path("dask"), "scheduler", "--host", "127.0.0.1", "--port", "0",
-         "--no-dashboard", "--scheduler-file", str(scheduler_file)],
-        env,
-        "scheduler",
-    )  # fmt: skip
-    wait_for_file(scheduler_file, processes)
-    worker = processes.start(
-        [otel, bin_path("dask"), "worker", "--scheduler-file", str(scheduler_file),
-         "--host", "127.0.0.1", "--nthreads", "1", "--no-dashboard"],
-        env,
-        "worker",
-    )  # fmt: skip
-    address = json.loads(scheduler_file.read_text())["address"]
+    address = start_scheduler(processes, env)
+    ((scheduler, _),) = processes.procs
+    worker = start_worker(processes, env, address, "worker")
     with Client(address, timeout=60) as client:
         client.wait_for_workers(1, timeout=90)
         assert client.submit(sum, [1, 2]).result(timeout=60) == 3
