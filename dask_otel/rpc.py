@@ -174,27 +174,37 @@ def trace_handlers(server: Any, tracer: trace.Tracer, settings: Settings) -> dic
     return originals
 
 
+#: The ``distributed`` modules whose ``send_recv`` binding :func:`install` replaced.
+_patched: list[ModuleType] = []
+
+
 def _bindings() -> list[ModuleType]:
-    """Every ``distributed`` module holding ``send_recv`` (ours or Dask's), by name."""
-    found = []
-    for name, module in list(sys.modules.items()):
-        if name.startswith("distributed") and module is not None:
-            bound = getattr(module, "send_recv", None)
-            if bound is _original_send_recv or bound is send_recv:
-                found.append(module)
-    return found
+    """Every ``distributed`` module holding Dask's ``send_recv``, by name."""
+    return [
+        module
+        for name, module in list(sys.modules.items())
+        if name.startswith("distributed")
+        and getattr(module, "send_recv", None) is _original_send_recv
+    ]
 
 
 def install(tracer: trace.Tracer, settings: Settings) -> None:
-    """Record ``rpc`` spans in this process from now on (again: new tracer, settings)."""
+    """Record ``rpc`` spans in this process from now on (again: new tracer, settings).
+
+    The modules are searched once; later calls (a client activates on every submission)
+    only swap the state.
+    """
     global _state
     _state = _State(tracer, settings)
-    for module in _bindings():
-        module.send_recv = send_recv
+    if not _patched:
+        _patched.extend(_bindings())
+        for module in _patched:
+            module.send_recv = send_recv
 
 
 def uninstall() -> None:
     global _state
     _state = None
-    for module in _bindings():
+    for module in _patched:
         module.send_recv = _original_send_recv
+    _patched.clear()

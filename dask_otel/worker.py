@@ -249,13 +249,13 @@ class ExecuteTracer(_InstancePatch):
         ts = self.worker.state.tasks.get(key)
         annotation = ts.annotations.get(ids.ANNOTATION) if ts and ts.annotations else None
         carrier = ids.decode(annotation)
+        # A key without "-" is its own prefix: capped like every other string.
+        prefix = ids.cap(ts.prefix, self.settings.max_attribute_length) if ts else ""
         if carrier is None or not carrier.trace_flags.sampled:
             result = await self.original(key, stimulus_id=stimulus_id)
         else:
-            prefix = ids.cap(ts.prefix, self.settings.max_attribute_length)  # type: ignore[union-attr]
             result = await self._execute_traced(key, prefix, carrier, stimulus_id)
         if ts is not None and isinstance(result, (ExecuteSuccessEvent, ExecuteFailureEvent)):
-            prefix = ids.cap(ts.prefix, self.settings.max_attribute_length)
             self._record_duration(prefix, result)
             if ids.thinned(annotation) and self._keep_anyway(result):
                 self._emit_late(key, prefix, carrier, result)  # type: ignore[arg-type]
