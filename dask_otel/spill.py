@@ -145,6 +145,8 @@ class SpillTracer:
         self.cache = self.buffer.slow
         self.disk = TracedDisk(self.cache.data, worker, tracer, attributes, limit)
         self.manager = worker.memory_manager
+        self.original_evict = self.buffer.evict
+        self.original_maybe_spill = self.manager._maybe_spill
 
     @staticmethod
     def applies(worker: Worker) -> bool:
@@ -159,15 +161,18 @@ class SpillTracer:
     def uninstall(self) -> None:
         if self.cache.data is self.disk:
             self.cache.data = self.disk.disk
-        for owner, name in ((self.buffer, "evict"), (self.manager, "_maybe_spill")):
-            if name in owner.__dict__:
+        for owner, name, ours in (
+            (self.buffer, "evict", self.evict),
+            (self.manager, "_maybe_spill", self.maybe_spill),
+        ):
+            if owner.__dict__.get(name) == ours:
                 delattr(owner, name)
 
     def evict(self) -> int:
         """``SpillBuffer.evict``: spilling asked for explicitly (or by the monitor)."""
         token = _reason.set("explicit") if _reason.get() == "target" else None
         try:
-            return SpillBuffer.evict(self.buffer)
+            return self.original_evict()
         finally:
             if token is not None:
                 _reason.reset(token)
@@ -176,6 +181,6 @@ class SpillTracer:
         """The memory monitor's spilling (its task copies this context)."""
         token = _reason.set("memory-monitor")
         try:
-            await type(self.manager)._maybe_spill(self.manager, worker, memory)
+            await self.original_maybe_spill(worker, memory)
         finally:
             _reason.reset(token)
