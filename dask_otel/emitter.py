@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from dask_otel import telemetry
 from dask_otel.report import report_once
 
 logger = logging.getLogger(__name__)
@@ -113,3 +114,9 @@ EXIT_TIMEOUT = 2.0
 def _drain_all_at_exit() -> None:
     for emitter in list(_emitters):
         emitter._drain_at_exit(EXIT_TIMEOUT)
+
+
+def drain(emitter: SpanEmitter, providers: telemetry.Providers, timeout: float) -> None:
+    """Emit what ``emitter`` holds, then export it: each step waits half of ``timeout``."""
+    emitter.flush(timeout / 2)  # its thread ends by itself once idle
+    telemetry.flush(providers, timeout / 2)

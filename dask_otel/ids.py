@@ -181,8 +181,9 @@ class SpanIdSetter:
                     type(tracer).__name__,
                 )
 
-    def start_span(self, span_id: int, name: str, **kwargs: Any) -> trace.Span:
-        """``tracer.start_span(name, **kwargs)`` with ``span_id`` as the new span's id."""
+    def start_span(self, span_id: int | None, name: str, **kwargs: Any) -> trace.Span:
+        """``tracer.start_span(name, **kwargs)`` with ``span_id`` as the new span's id
+        (None: the tracer draws one)."""
         if self._generator is not None:
             self._generator.local.span_id = span_id
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from itertools import islice
 from time import time_ns
 from typing import TYPE_CHECKING, Any
@@ -21,7 +22,7 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from dask_otel import errors, events, ids, logs, metrics, rpc, telemetry
 from dask_otel.activation import activate
-from dask_otel.emitter import SpanEmitter
+from dask_otel.emitter import SpanEmitter, drain
 from dask_otel.telemetry import PLUGIN_NAME
 
 if TYPE_CHECKING:
@@ -85,15 +86,41 @@ class _Task:
         self.graph = graph
         self.start_ns = start_ns
         self.end_ns = 0
-        self.events: list[tuple[str, int, str | None, str | None]] = []
+        # Lists only once needed: a graph's records live as long as its tasks, and every
+        # object they hold is more work for Python's garbage collector.
+        self.events: list[tuple[str, int, str | None, str | None]] | None = None
         self.dropped_events = 0
         self.attempts = 0
         self.worker: str | None = None
-        self.workers: list[str] = []
+        #: Every worker it was sent to, once each, when more than one.
+        self.workers: list[str] | None = None
         self.state = ""
         self.nbytes: int | None = None
         self.error: dict[str, Any] | None = None
-        self.dependencies: list[tuple[Any, Any]] = []
+        self.dependencies: list[tuple[Any, Any]] | None = None
+
+    def add_attempt(self, worker: str | None) -> None:
+        self.attempts += 1
+        if worker is None:
+            return
+        if self.worker is not None and worker != self.worker:
+            if self.workers is None:
+                self.workers = [self.worker]
+            if worker not in self.workers:
+                self.workers.append(worker)
+        self.worker = worker
+
+    def add_event(self, event: tuple[str, int, str | None, str | None], limit: int) -> None:
+        """Keep the first ``limit - 1`` events and always the latest; count the others."""
+        if self.events is None:
+            self.events = []
+        events = self.events
+        if len(events) < limit:
+            events.append(event)
+        else:
+            if events:
+                events[-1] = event
+            self.dropped_events += 1
 
 
 class DaskOtelSchedulerPlugin(SchedulerPlugin):
@@ -259,26 +286,19 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         record = self._tasks.get(key)
         if record is None:
             return
-        now = time_ns()
-        worker = kwargs.get("worker")
         if finish == "processing":
             ws = self._scheduler.tasks[key].processing_on  # type: ignore[union-attr]
             worker = ws.address if ws is not None else None
-            record.attempts += 1
-            record.worker = worker
-            if worker is not None:
-                record.workers.append(worker)
-        if record.kept:  # thinned tasks record no events: nothing built for unsent spans
-            event = (finish, now, stimulus_id, worker)
-            events = record.events
-            if len(events) < self._settings.max_task_events:
-                events.append(event)
-            else:
-                if events:  # keep the first states and always the latest: the final one shows
-                    events[-1] = event
-                record.dropped_events += 1
+            record.add_attempt(worker)
+        else:
+            worker = kwargs.get("worker")
         if finish in FINAL_STATES:
-            self._finish(record, finish, now, kwargs)
+            self._finish(record, finish, time_ns(), kwargs)
+        # Events are the states entered between the span's start (the submission, when the
+        # task starts waiting) and its end (the final state); thinned tasks record none.
+        elif record.kept and start != finish and (record.attempts or start != "released"):
+            event = (finish, time_ns(), stimulus_id, worker)
+            record.add_event(event, self._settings.max_task_events)
 
     def _finish(self, record: _Task, state: str, now: int, kwargs: dict[str, Any]) -> None:
         del self._tasks[record.key]
@@ -335,8 +355,8 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         }
         if record.worker:
             attributes["dask.worker.address"] = record.worker
-        if len(set(record.workers)) > 1:
-            attributes["dask.task.workers"] = list(dict.fromkeys(record.workers))
+        if record.workers:
+            attributes["dask.task.workers"] = record.workers
         if record.nbytes is not None:
             attributes["dask.task.nbytes"] = record.nbytes
         if record.dropped_events:
@@ -348,9 +368,9 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
             context=trace.set_span_in_context(trace.NonRecordingSpan(graph_context)),
             start_time=record.start_ns,
             attributes=attributes,
-            links=_dependency_links(record.dependencies),
+            links=_dependency_links(record.dependencies or ()),
         )
-        for state, timestamp, stimulus_id, worker in record.events:
+        for state, timestamp, stimulus_id, worker in record.events or ():
             event_attributes = {"dask.stimulus.id": stimulus_id} if stimulus_id else {}
             if worker:
                 event_attributes["dask.worker.address"] = worker
@@ -368,7 +388,7 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
             span.set_attribute("dask.task.erred_by", ids.cap(ids.key_to_str(cause), limit))
             span.set_status(Status(StatusCode.ERROR, "dependency erred"))
             return
-        workers = {"dask.task.workers": list(dict.fromkeys(record.workers))}
+        workers = record.workers or ([record.worker] if record.worker else [])
         errors.record_exception(
             span,
             error.get("exception"),
@@ -376,7 +396,7 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
             error.get("traceback_text"),
             limit,
             timestamp=record.end_ns,
-            **(workers if record.workers else {}),
+            **({"dask.task.workers": workers} if workers else {}),
         )
 
     # -- shutdown ---------------------------------------------------------------------------
@@ -394,18 +414,13 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         self._scheduler.handlers.update(self._handlers)  # type: ignore[union-attr]
         timeout = self._settings.flush_timeout
         await asyncio.get_running_loop().run_in_executor(
-            None, _drain, emitter, self._providers, timeout
+            None, drain, emitter, self._providers, timeout
         )
         # After the final flush, whose collection still reads this scheduler.
         metrics.forget(self._meter_provider, self._scheduler)
 
 
-def _drain(emitter: SpanEmitter, providers: telemetry.Providers, timeout: float) -> None:
-    emitter.flush(timeout / 2)  # its thread ends by itself once idle
-    telemetry.flush(providers, timeout / 2)
-
-
-def _dependency_links(dependencies: list[tuple[Any, Any]]) -> list[Link]:
+def _dependency_links(dependencies: Iterable[tuple[Any, Any]]) -> list[Link]:
     """Links to the ``task`` spans of dependencies that dask-otel traced."""
     links = []
     for key, annotation in dependencies:

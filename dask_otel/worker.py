@@ -13,7 +13,7 @@ import asyncio
 import functools
 import logging
 import traceback
-from time import perf_counter
+from time import perf_counter, time_ns
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from distributed.diagnostics.plugin import WorkerPlugin
@@ -32,6 +32,8 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from dask_otel import errors, ids, logs, metrics, rpc, telemetry
 from dask_otel.activation import activate
+from dask_otel.deferred import DeferredSpan
+from dask_otel.emitter import SpanEmitter, drain
 from dask_otel.report import report_once
 from dask_otel.spill import SpillTracer
 from dask_otel.telemetry import PLUGIN_NAME
@@ -227,8 +229,73 @@ class GetDataTracer:
         )
 
 
+class _Attempt:
+    """What the event loop notes about one attempt at running a task; reported later.
+
+    Never the task's result: holding it would keep data alive that Dask let go (spilled
+    data would be served from memory by Dask's weak cache, say).
+    """
+
+    __slots__ = (
+        "annotation",
+        "carrier",
+        "end_ns",
+        "error",
+        "failure",
+        "key",
+        "outcome",
+        "prefix",
+        "span",
+        "start_ns",
+        "thread",
+        "timing",
+    )
+
+    def __init__(
+        self,
+        key: Any,
+        prefix: str,
+        annotation: Any,
+        carrier: trace.SpanContext | None,
+        span: DeferredSpan | None,
+        start_ns: int,
+    ) -> None:
+        self.key = key
+        self.prefix = prefix
+        self.annotation = annotation
+        self.carrier = carrier
+        self.span = span
+        self.start_ns = start_ns
+        self.end_ns = 0
+        self.thread: int | None = None
+        #: ``success``, ``error`` or ``rescheduled`` (None: something else, e.g. cancelled).
+        self.outcome: str | None = None
+        #: Dask's own (start, stop) of the run, in seconds since the epoch.
+        self.timing: tuple[float, float] | None = None
+        self.failure: ExecuteFailureEvent | None = None
+        #: Raised by Dask's ``execute`` itself (not by the task).
+        self.error: BaseException | None = None
+
+    def note(self, result: Any) -> None:
+        """Keep what the reports need from Dask's result."""
+        if isinstance(result, RescheduleEvent):
+            self.outcome = "rescheduled"
+        elif isinstance(result, (ExecuteSuccessEvent, ExecuteFailureEvent)):
+            self.outcome = "success" if isinstance(result, ExecuteSuccessEvent) else "error"
+            if result.start is not None and result.stop is not None:
+                self.timing = (result.start, result.stop)
+            if isinstance(result, ExecuteFailureEvent):
+                self.failure = result
+
+
 class ExecuteTracer(_InstancePatch):
-    """Replaces one worker's ``execute`` with a traced version of it."""
+    """Replaces one worker's ``execute``: an ``execute`` span per traced attempt and a
+    ``dask.task.duration`` point per attempt.
+
+    On the event loop, a traced attempt only makes a :class:`DeferredSpan` current (user
+    spans, logs and ``rpc`` spans in the task see it) and notes the outcome; the span and
+    the metric point are made by the worker's emitter thread.
+    """
 
     name = "execute"
 
@@ -237,6 +304,8 @@ class ExecuteTracer(_InstancePatch):
     ) -> None:
         super().__init__(worker)
         self.tracer = tracer
+        self.ids = ids.SpanIdSetter(tracer)
+        self.emitter = SpanEmitter(name="dask-otel-worker-spans")
         self.task_duration = task_duration
         self.settings = settings
         #: Attributes of every span; ``dask.cluster.id`` joins once the scheduler answers.
@@ -247,96 +316,92 @@ class ExecuteTracer(_InstancePatch):
 
     async def execute(self, key: Any, *, stimulus_id: str) -> Any:
         ts = self.worker.state.tasks.get(key)
-        annotation = ts.annotations.get(ids.ANNOTATION) if ts and ts.annotations else None
-        carrier = ids.decode(annotation)
-        # A key without "-" is its own prefix: capped like every other string.
-        prefix = ids.cap(ts.prefix, self.settings.max_attribute_length) if ts else ""
-        if carrier is None or not carrier.trace_flags.sampled:
-            result = await self.original(key, stimulus_id=stimulus_id)
-        else:
-            result = await self._execute_traced(key, prefix, carrier, stimulus_id)
-        if ts is not None and isinstance(result, (ExecuteSuccessEvent, ExecuteFailureEvent)):
-            self._record_duration(prefix, result)
-            if ids.thinned(annotation) and self._keep_anyway(result):
-                self._emit_late(key, prefix, carrier, result)  # type: ignore[arg-type]
-        return result
-
-    def _keep_anyway(self, result: Any) -> bool:
-        """A thinned task's attempt that failed or was slow is reported all the same."""
-        if isinstance(result, ExecuteFailureEvent):
-            return True
-        return (result.stop - result.start) > self.settings.keep_slower_than
-
-    def _emit_late(self, key: Any, prefix: str, carrier: trace.SpanContext, result: Any) -> None:
-        """The execute span of a thinned task, after the fact (nothing nests under it)."""
-        try:
-            span = self._start(
-                key, prefix, ids.with_sampled(carrier, True), int(result.start * 1e9)
-            )
-            self._finish(span, key, result, int(result.stop * 1e9))
-        except Exception:
-            _tracing_failed()
-
-    async def _execute_traced(
-        self, key: Any, prefix: str, carrier: trace.SpanContext, stimulus_id: str
-    ) -> Any:
-        try:
-            span = self._start(key, prefix, carrier)
-            token = context.attach(trace.set_span_in_context(span))
-        except Exception:
-            # Telemetry must never keep a task from running (a failing user
-            # SpanProcessor, say): run it untraced.
-            _tracing_failed()
+        if ts is None:  # Dask ignores it; so do we
             return await self.original(key, stimulus_id=stimulus_id)
+        annotation = ts.annotations.get(ids.ANNOTATION) if ts.annotations else None
+        carrier = ids.decode(annotation)
+        span = None
+        if carrier is not None and carrier.trace_flags.sampled:
+            span = DeferredSpan(carrier)
+            token = context.attach(trace.set_span_in_context(span))
+        attempt = _Attempt(key, ts.prefix, annotation, carrier, span, time_ns())
         try:
             result = await self.original(key, stimulus_id=stimulus_id)
         except BaseException as e:
             # Dask's execute handles task errors itself: this is Dask failing (or cancelled).
-            stack = "".join(traceback.format_tb(e.__traceback__))
-            errors.record_exception(span, e, None, stack, self.settings.max_attribute_length)
-            span.end()
+            attempt.error = e
             raise
+        else:
+            attempt.note(result)
+            return result
         finally:
-            context.detach(token)
-        try:
-            self._finish(span, key, result)
-        except Exception:
-            _tracing_failed()
-        return result
+            if span is not None:
+                context.detach(token)
+            attempt.end_ns = time_ns()
+            attempt.thread = self.worker.threads.get(key)
+            self.emitter.submit(self._report, attempt)
 
-    def _start(
-        self, key: Any, prefix: str, carrier: trace.SpanContext, start_time: int | None = None
-    ) -> trace.Span:
-        key_str = ids.key_to_str(key)
+    # -- the emitter thread -----------------------------------------------------------------
+
+    def _report(self, attempt: _Attempt) -> None:
+        """The attempt's duration point, and its span if traced (or thinned but kept)."""
+        prefix = ids.cap(attempt.prefix, self.settings.max_attribute_length)
+        timing = attempt.timing
+        if timing is not None:
+            self._record_duration(prefix, attempt.outcome, timing)  # type: ignore[arg-type]
+        if attempt.span is not None:
+            self._emit(attempt, prefix, attempt.carrier, attempt.start_ns, attempt.end_ns)  # type: ignore[arg-type]
+        elif timing is not None and ids.thinned(attempt.annotation) and self._keep_anyway(attempt):
+            # A thinned task's attempt that failed or was slow is reported all the same,
+            # timed by Dask (nothing nested under it: it was not current).
+            carrier = ids.with_sampled(attempt.carrier, True)  # type: ignore[arg-type]
+            self._emit(attempt, prefix, carrier, int(timing[0] * 1e9), int(timing[1] * 1e9))
+
+    def _keep_anyway(self, attempt: _Attempt) -> bool:
+        """A thinned task's attempt is reported if it failed or was slow."""
+        start, stop = attempt.timing  # type: ignore[misc]
+        return attempt.outcome == "error" or stop - start > self.settings.keep_slower_than
+
+    def _emit(
+        self, attempt: _Attempt, prefix: str, carrier: trace.SpanContext, start: int, end: int
+    ) -> None:
+        key = ids.key_to_str(attempt.key)
         limit = self.settings.max_attribute_length
-        return self.tracer.start_span(
+        deferred = attempt.span
+        span = self.ids.start_span(
+            deferred.get_span_context().span_id if deferred is not None else None,
             f"execute {prefix}",
-            context=ids.task_context(carrier, key_str),
-            start_time=start_time,
+            context=ids.task_context(carrier, key),
+            start_time=start,
             attributes={
                 **self.static_attributes,
-                "dask.task.key": ids.cap(key_str, limit),
+                "dask.task.key": ids.cap(key, limit),
                 "dask.task.prefix": prefix,
-                "dask.task.group": ids.cap(key_split_group(key), limit),
+                "dask.task.group": ids.cap(key_split_group(attempt.key), limit),
             },
         )
-
-    def _record_duration(self, prefix: str, result: Any) -> None:
-        """One ``dask.task.duration`` point per attempt, traced or not (Dask's timings)."""
-        if result.start is None or result.stop is None:
-            return
-        outcome = "success" if isinstance(result, ExecuteSuccessEvent) else "error"
-        try:
-            self.task_duration.record(
-                max(0.0, result.stop - result.start),
-                {
-                    **self.static_attributes,
-                    "dask.task.prefix": prefix,
-                    "dask.task.outcome": outcome,
-                },
+        if deferred is not None:
+            deferred.replay(span)
+        if attempt.thread is not None:
+            span.set_attribute("thread.id", attempt.thread)
+        failure = attempt.failure
+        if attempt.outcome == "rescheduled":
+            span.set_attribute("dask.task.rescheduled", True)
+        elif failure is not None:
+            errors.record_exception(
+                span, failure.exception, failure.exception_text, failure.traceback_text, limit
             )
-        except Exception:
-            _tracing_failed()
+        elif attempt.error is not None:
+            stack = "".join(traceback.format_tb(attempt.error.__traceback__))
+            errors.record_exception(span, attempt.error, None, stack, limit)
+        span.end(end)
+
+    def _record_duration(self, prefix: str, outcome: str, timing: tuple[float, float]) -> None:
+        """One ``dask.task.duration`` point per attempt, traced or not (Dask's timings)."""
+        self.task_duration.record(
+            max(0.0, timing[1] - timing[0]),
+            {**self.static_attributes, "dask.task.prefix": prefix, "dask.task.outcome": outcome},
+        )
 
     async def fetch_cluster_id(self) -> None:
         """Learn the scheduler's id, off the worker's start-up path."""
@@ -349,22 +414,6 @@ class ExecuteTracer(_InstancePatch):
             return
         self.static_attributes["dask.cluster.id"] = identity["id"]
         logs.identity["dask.cluster.id"] = identity["id"]
-
-    def _finish(self, span: trace.Span, key: Any, result: Any, end_time: int | None = None) -> None:
-        thread = self.worker.threads.get(key)
-        if thread is not None:
-            span.set_attribute("thread.id", thread)
-        if isinstance(result, RescheduleEvent):
-            span.set_attribute("dask.task.rescheduled", True)
-        elif isinstance(result, ExecuteFailureEvent):
-            errors.record_exception(
-                span,
-                result.exception,
-                result.exception_text,
-                result.traceback_text,
-                self.settings.max_attribute_length,
-            )
-        span.end(end_time)
 
 
 class DaskOtelWorkerPlugin(WorkerPlugin):
@@ -417,11 +466,12 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
         for patch in self._patches:
             patch.uninstall()
         worker.handlers.update(self._handlers)
+        emitter = self._tracer.emitter
         self._tracer = None
         self._identity.cancel()
         # The last collection still reads this worker: flush first, then let it go.
         await asyncio.get_running_loop().run_in_executor(
-            None, telemetry.flush, self._providers, self._settings.flush_timeout
+            None, drain, emitter, self._providers, self._settings.flush_timeout
         )
         metrics.forget(self._meter_provider, worker)
         logs.remove_worker(worker.address)

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import dask
 import pytest
-from conftest import flush_scheduler, in_process_cluster, otel_env, start_scheduler, start_worker
+from conftest import flush_emitters, in_process_cluster, otel_env, start_scheduler, start_worker
 from distributed import Client
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -178,7 +178,7 @@ def test_tuple_int_float_and_very_long_keys(telemetry):
         # Dask rejects bytes keys; instrumented or not, with the same exception.
         with pytest.raises(TypeError, match="Unexpected key type"):
             client.submit(inc, 1, key=b"bytes-key").result()
-        flush_scheduler(client)
+        flush_emitters(client)
     spans = telemetry.spans()
     keys_seen = {s.attributes.get("dask.task.key") for s in telemetry.spans("execute")}
     assert len(keys_seen) == len(submitted)
@@ -196,7 +196,7 @@ def test_tuple_int_float_and_very_long_keys(telemetry):
 def test_span_names_of_very_long_keys_are_capped(telemetry):
     with in_process_cluster(n_workers=1) as client:
         assert client.submit(inc, 1, key="k" * 20_000).result() == 2
-        flush_scheduler(client)
+        flush_emitters(client)
     spans = telemetry.spans()
     assert {s.name.split()[0] for s in spans} >= {"task", "execute"}
     assert all(len(s.name) <= len("execute ") + LIMIT for s in spans)
@@ -231,7 +231,7 @@ def test_a_users_otel_annotation_is_replaced_with_one_warning(
         for i, value in enumerate(FOREIGN_ANNOTATIONS):
             with dask.annotate(otel=value):
                 assert client.submit(inc, i, key=f"inc-{i}").result() == i + 1
-        flush_scheduler(client)
+        flush_emitters(client)
     # Every submission is traced as if the annotation were not there.
     for i in range(len(FOREIGN_ANNOTATIONS)):
         (execute,) = [
@@ -271,7 +271,7 @@ def test_foreign_annotations_never_change_results(telemetry):
             with dask.annotate(otel=value):
                 assert client.submit(inc, i).result() == i + 1
                 assert dask.delayed(inc)(i).compute() == i + 1
-        flush_scheduler(client)
+        flush_emitters(client)
     # The scheduler still opened (and closed) one graph span per submission.
     assert len(telemetry.spans("graph")) == 2 * len(FOREIGN_ANNOTATIONS)
 
@@ -280,7 +280,7 @@ def test_tasks_with_a_foreign_annotation_are_still_traced(telemetry):
     with uninstrumented_client(telemetry) as client:
         with dask.annotate(otel="garbage"):
             assert client.submit(inc, 1, key="inc-foreign").result() == 2
-        flush_scheduler(client)
+        flush_emitters(client)
     assert [s.attributes["dask.task.key"] for s in telemetry.spans("execute")] == ["inc-foreign"]
 
 
@@ -321,7 +321,7 @@ def test_unprintable_and_unpicklable_exceptions(telemetry):
         plain = [outcome(client, f) for f in FAILING]
     with in_process_cluster(n_workers=1) as client:
         traced = [outcome(client, f) for f in FAILING]
-        flush_scheduler(client)
+        flush_emitters(client)
     assert traced == plain  # what Dask raises is unchanged
     for func, expected in [
         (raise_unpicklable, "Unpicklable"),
@@ -353,7 +353,7 @@ def test_a_task_that_replaces_the_global_tracer_provider(telemetry):
     with in_process_cluster(n_workers=1) as client:
         assert client.submit(replace_global_provider, 1).result() == 1
         assert client.submit(inc, 1, key="inc-after").result() == 2
-        flush_scheduler(client)
+        flush_emitters(client)
     # dask-otel's components keep the providers they started with.
     names = {s.attributes.get("dask.task.key") for s in telemetry.spans("execute")}
     assert "inc-after" in names
@@ -368,7 +368,7 @@ def test_invalid_client_config_submits_untraced_and_says_so_once(telemetry, capl
     with in_process_cluster(n_workers=1) as client:
         with dask.config.set({"otel.task.max-events": -4242}):
             assert [client.submit(inc, i).result() for i in range(3)] == [1, 2, 3]
-        flush_scheduler(client)
+        flush_emitters(client)
     assert not telemetry.spans("compute")
     assert len(telemetry.spans("graph")) == 3  # the scheduler still roots every graph
     said = [r for r in caplog.records if "otel.task.max-events" in r.getMessage()]

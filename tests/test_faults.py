@@ -26,7 +26,7 @@ import uuid
 import cloudpickle
 import dask
 import pytest
-from conftest import bin_path, flush_scheduler, otel_env, start_scheduler, start_worker
+from conftest import bin_path, flush_emitters, otel_env, start_scheduler, start_worker
 from distributed import Client, LocalCluster
 from otlp_receiver import OTLPReceiver, StalledCollector, closed_port
 
@@ -320,7 +320,7 @@ def test_worker_killed_mid_task_is_a_lost_attempt(telemetry, monkeypatch):
             time.sleep(0.05)
         os.kill(pid, signal.SIGKILL)
         assert future.result(timeout=120) is None
-        flush_scheduler(client)
+        flush_emitters(client)
 
     (span,) = telemetry.spans("task sleepy")
     assert span.attributes["dask.task.state"] == "memory"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from importlib.metadata import distribution, entry_points
 
 import pytest
-from conftest import flush_scheduler, in_process_cluster
+from conftest import flush_emitters, in_process_cluster
 
 import dask_otel
 from dask_otel.package import _instruments
@@ -46,7 +46,7 @@ def test_disabled_instrumentations_switch_dask_otel_off(telemetry, monkeypatch, 
     monkeypatch.setenv("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", names)
     with in_process_cluster(n_workers=1) as client:
         assert client.submit(sum, [1, 2]).result() == 3
-        flush_scheduler(client)
+        flush_emitters(client)
     assert telemetry.spans() == []
 
 
@@ -54,7 +54,7 @@ def test_other_disabled_instrumentations_leave_dask_otel_on(telemetry, monkeypat
     monkeypatch.setenv("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", "requests,daskish")
     with in_process_cluster(n_workers=1) as client:
         assert client.submit(sum, [1, 2]).result() == 3
-        flush_scheduler(client)
+        flush_emitters(client)
     assert {s.name for s in telemetry.spans()} == {
         "compute sum",
         "graph",

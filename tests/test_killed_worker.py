@@ -7,7 +7,7 @@ import os
 
 import dask
 import pytest
-from conftest import flush_scheduler
+from conftest import flush_emitters
 from distributed import Client, LocalCluster
 from distributed.scheduler import KilledWorker
 from opentelemetry.trace import StatusCode
@@ -30,7 +30,7 @@ def test_killed_worker_task_span(telemetry, monkeypatch):
     ):  # fmt: skip
         with pytest.raises(KilledWorker):
             client.submit(die, 1).result(timeout=120)
-        flush_scheduler(client)
+        flush_emitters(client)
 
     (span,) = telemetry.spans("task die")
     assert span.status.status_code is StatusCode.ERROR

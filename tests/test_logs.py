@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from conftest import flush_scheduler, in_process_cluster
+from conftest import flush_emitters, in_process_cluster
 from distributed import Client, LocalCluster
 
 
@@ -32,7 +32,7 @@ def test_task_log_record_carries_task_and_span(telemetry, cluster_client):
     client = cluster_client
     future = client.submit(log_marker, 5)
     assert future.result() == 5
-    flush_scheduler(client)
+    flush_emitters(client)
     (record,) = records(telemetry, lambda r: r.body == "marker 5")
     (execute,) = telemetry.spans("execute log_marker")
     assert record.span_id == execute.context.span_id
@@ -49,7 +49,7 @@ def test_compute_failed_record_is_correlated_and_described(telemetry, cluster_cl
     future = client.submit(fail, 3)
     with pytest.raises(ValueError, match="broken 3"):
         future.result()
-    flush_scheduler(client)
+    flush_emitters(client)
     (record,) = records(telemetry, lambda r: str(r.body).startswith("Compute Failed"))
     (execute,) = telemetry.spans("execute fail")
     assert record.severity_text == "ERROR"
@@ -67,7 +67,7 @@ def test_removed_worker_is_an_event_record(telemetry, cluster_client):
     client = cluster_client
     address = next(iter(client.scheduler_info()["workers"]))
     client.retire_workers([address])
-    flush_scheduler(client)
+    flush_emitters(client)
     removed = records(telemetry, lambda r: r.event_name == "dask.remove-worker")
     assert removed, sorted({r.event_name for r in telemetry.logs() if r.event_name})
     # Dask publishes it under the worker's topic and under "all": exported once.
@@ -87,7 +87,7 @@ def test_logs_can_be_switched_off(telemetry):
         Client(cluster) as client,
     ):
         assert client.submit(log_marker, 9).result() == 9
-        flush_scheduler(client)
+        flush_emitters(client)
     assert not records(telemetry, lambda r: r.body == "marker 9")
 
 
@@ -100,7 +100,7 @@ def test_events_published_in_one_tick_are_all_exported(telemetry, cluster_client
         dask_scheduler.log_event("stealing", {"action": "steal"})  # excluded by default
 
     client.run_on_scheduler(publish)
-    flush_scheduler(client)
+    flush_emitters(client)
     names = [r.event_name for r in telemetry.logs() if r.event_name]
     assert names.count("dask.first") == 1 and names.count("dask.second") == 1
     assert "dask.steal" not in names

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from conftest import flush_scheduler, in_process_cluster
+from conftest import flush_emitters, in_process_cluster
 from distributed import Event, wait
 
 
@@ -45,7 +45,7 @@ def released(client) -> dict[str, int]:
     after 30 s."""
     deadline = time.monotonic() + 30
     while True:
-        flush_scheduler(client)
+        flush_emitters(client)
         state = client.run_on_scheduler(plugin_state)
         if not any(state.values()) or time.monotonic() > deadline:
             return state

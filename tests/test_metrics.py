@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dask.array as da
-from conftest import in_process_cluster
+from conftest import flush_emitters, in_process_cluster
 from distributed import Semaphore
 
 from dask_otel.metrics import INSTRUMENTS
@@ -37,6 +37,7 @@ def test_every_instrument_reports_with_identity(telemetry):
             pass
         cluster_id = client.scheduler_info()["id"]
         workers = set(client.scheduler_info()["workers"])
+        flush_emitters(client)  # task durations are recorded by the workers' emitters
         found = points_by_name(telemetry.metric_reader)
 
     missing = set(INSTRUMENTS) - set(found) - NOT_EXERCISED

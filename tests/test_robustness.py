@@ -10,7 +10,7 @@ import textwrap
 import time
 
 import pytest
-from conftest import flush_scheduler, in_process_cluster
+from conftest import flush_emitters, in_process_cluster
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
@@ -31,7 +31,7 @@ def test_scattered_data_is_not_recorded_and_graphs_end(telemetry):
     with in_process_cluster(n_workers=1) as client:
         x = client.scatter(41)
         assert client.submit(inc, x).result() == 42
-        flush_scheduler(client)
+        flush_emitters(client)
         # Nothing waits on the scattered key: no record left, the graph span ended.
         assert client.run_on_scheduler(plugin_state) == (0, 0)
         (graph,) = telemetry.spans("graph")

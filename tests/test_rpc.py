@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dask
 import pytest
-from conftest import flush_scheduler, in_process_cluster
+from conftest import flush_emitters, in_process_cluster
 from distributed import core, scheduler, worker
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -38,7 +38,7 @@ def test_requests_under_a_user_span_nest_beneath_it(telemetry):
         with tracer.start_as_current_span("user work") as user:
             who_has = client.who_has([future])
         assert list(who_has) == [future.key]
-        flush_scheduler(client)
+        flush_emitters(client)
 
     (span,) = [s for s in rpc_spans(telemetry) if s.name == "rpc who_has"]
     assert span.kind == SpanKind.CLIENT
@@ -71,7 +71,7 @@ def test_always_recorded_ops_get_client_and_server_spans(telemetry):
         future = client.submit(inc, 1)
         assert future.result() == 2
         assert list(client.who_has([future])) == [future.key]
-        flush_scheduler(client)
+        flush_emitters(client)
 
     spans = [s for s in rpc_spans(telemetry) if s.name == "rpc who_has"]
     assert sorted(s.kind.name for s in spans) == ["CLIENT", "SERVER"]
@@ -90,6 +90,6 @@ def test_rpc_spans_switched_off(telemetry):
         with tracer.start_as_current_span("user work"):
             assert y.result() == 3
             client.who_has([y])
-        flush_scheduler(client)
+        flush_emitters(client)
     assert telemetry.spans("transfer")
     assert not rpc_spans(telemetry)

@@ -21,7 +21,7 @@ import dask
 import grpc
 import psutil
 import pytest
-from conftest import flush_scheduler, in_process_cluster, otel_env, start_scheduler, start_worker
+from conftest import flush_emitters, in_process_cluster, otel_env, start_scheduler, start_worker
 from distributed import Client
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
@@ -109,7 +109,7 @@ def test_exception_messages_are_redacted_everywhere(telemetry, collect):
             client.submit(fail_with_secret, 1).result()
         assert client.submit(log_failure, 2).result() == 2
         client.run_on_scheduler(publish_error_event)
-        flush_scheduler(client)
+        flush_emitters(client)
     spans = telemetry.spans("task fail_with_secret") + telemetry.spans("execute fail_with_secret")
     assert len(spans) == 2
     for span in spans:
@@ -143,7 +143,7 @@ def test_log_bodies_carry_the_template(telemetry, collect):
         with pytest.raises(ValueError, match=SECRET):
             client.submit(fail_with_secret, 1).result()
         client.run_on_scheduler(publish_error_event)
-        flush_scheduler(client)
+        flush_emitters(client)
     records = telemetry.logs()
     (marker,) = [r for r in records if str(r.body).startswith("marker")]
     assert marker.body == "marker %s with %s"
@@ -160,7 +160,7 @@ def test_defaults_redact_nothing(telemetry):
     with in_process_cluster(n_workers=1) as client:
         assert client.submit(log_marker, 6).result() == 6
         client.run_on_scheduler(publish_error_event)
-        flush_scheduler(client)
+        flush_emitters(client)
     records = telemetry.logs()
     assert f"marker 6 with {SECRET}" in [r.body for r in records]
     (event,) = [r for r in records if r.event_name == "dask.worker-fail-hard"]
@@ -183,7 +183,7 @@ def test_log_and_event_bodies_are_capped(telemetry):
         client.run_on_scheduler(
             lambda dask_scheduler: dask_scheduler.log_event("mine", {"text": "z" * 10_000})
         )
-        flush_scheduler(client)
+        flush_emitters(client)
     records = telemetry.logs()
     (long,) = [r for r in records if str(r.body).startswith("xxx")]
     assert len(long.body) == 32 * 16
@@ -227,7 +227,7 @@ def test_task_arguments_and_results_are_never_exported(telemetry):
         with pytest.raises(ValueError):
             client.submit(fail_on, ARG).result()
         assert client.submit(log_own_words, ARG).result() == ARG
-        flush_scheduler(client)
+        flush_emitters(client)
         metrics = telemetry.metric_reader.get_metrics_data().to_json()
     text = everything(telemetry) + metrics
     assert "LOGGED-ON-PURPOSE" in text  # what the task itself logs is exported ...

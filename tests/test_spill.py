@@ -11,7 +11,7 @@ from contextlib import contextmanager
 
 import dask
 import numpy as np
-from conftest import flush_scheduler, in_process_cluster
+from conftest import flush_emitters, in_process_cluster
 from distributed import Client, wait
 from opentelemetry.trace import StatusCode
 
@@ -75,7 +75,7 @@ def test_spill_and_unspill_join_the_producers_trace(telemetry):
         # One more key to disk on request: reason "explicit".
         (evicted,) = client.run(evict).values()
         assert evicted >= 2 * MiB
-        flush_scheduler(client)
+        flush_emitters(client)
 
     spans = telemetry.spans()
     tasks = task_span_ids(spans)
@@ -102,7 +102,7 @@ def test_a_failed_spill_is_an_error_span_and_changes_nothing(telemetry):
         objects = client.map(unpicklable, range(3))
         # Dask keeps what it cannot pickle in memory: the computation is unaffected.
         assert client.submit(len, objects).result() == 3
-        flush_scheduler(client)
+        flush_emitters(client)
 
     failed = [s for s in telemetry.spans() if s.name == "spill unpicklable"]
     assert failed
@@ -121,7 +121,7 @@ def test_untraced_tasks_spill_without_spans(telemetry):
         blocks = client.map(block, range(6))
         assert len(client.gather(client.map(total, blocks))) == 6
         spilled = client.run(lambda dask_worker: len(dask_worker.data.slow))
-        flush_scheduler(client)
+        flush_emitters(client)
     assert next(iter(spilled.values())) >= 1
     assert not [s for s in telemetry.spans() if "spill" in s.name]
 
@@ -130,6 +130,6 @@ def test_spill_spans_switched_off(telemetry):
     with dask.config.set({"otel.spans.spill": False}), spill_cluster() as client:
         blocks = client.map(block, range(6))
         assert len(client.gather(client.map(total, blocks))) == 6
-        flush_scheduler(client)
+        flush_emitters(client)
     assert telemetry.spans("task block")
     assert not [s for s in telemetry.spans() if "spill" in s.name]

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import dask
 import pytest
-from conftest import flush_scheduler
+from conftest import flush_emitters
 from distributed import Client, LocalCluster
 from opentelemetry import trace
 from opentelemetry._logs import SeverityNumber
@@ -123,7 +123,7 @@ def test_one_trace_per_submission(telemetry):
         futures = client.map(inc, range(3))
         total = client.submit(sum, futures)
         assert total.result() == 6
-        flush_scheduler(client)
+        flush_emitters(client)
         cluster_id = client.scheduler_info()["id"]
         keys = [f.key for f in futures] + [total.key]
 
@@ -159,7 +159,9 @@ def test_one_trace_per_submission(telemetry):
             assert task.attributes["dask.task.nbytes"] > 0
             assert task.attributes["dask.worker.address"].startswith("inproc://")
             assert "dask.task.dropped_events" not in task.attributes
-            assert [e.name for e in task.events] == ["waiting", "processing", "memory"]
+            # Between submission (its start) and the final state (its end): processing
+            # (queued first, if the workers were saturated).
+            assert [e.name for e in task.events if e.name != "queued"] == ["processing"]
             assert task.status.status_code == StatusCode.UNSET
             # The graph span covers its tasks; the task span covers its execution.
             assert graph.start_time <= task.start_time <= task.end_time <= graph.end_time
@@ -192,7 +194,7 @@ def test_tuple_key_of_a_submitted_task(telemetry):
     with cluster_and_client() as (_, client):
         future = client.submit(inc, 1, key=("x", 1))
         assert future.result() == 2
-        flush_scheduler(client)
+        flush_emitters(client)
 
     spans = telemetry.spans()
     task = only(spans, "task x")
@@ -211,7 +213,7 @@ def test_tuple_keys_of_a_dask_array(telemetry):
         x = da.arange(12, chunks=3) + 1
         future = client.compute(x.sum())
         assert future.result() == 78
-        flush_scheduler(client)
+        flush_emitters(client)
         final_key = future.key
 
     spans = telemetry.spans()
@@ -240,7 +242,7 @@ def test_failure_with_retries(telemetry):
         future = client.submit(fail, 1, retries=1)
         with pytest.raises(ValueError, match="boom 1"):
             future.result()
-        flush_scheduler(client)
+        flush_emitters(client)
 
     spans = telemetry.spans()
     executes = telemetry.spans("execute fail")
@@ -262,7 +264,7 @@ def test_failure_with_retries(telemetry):
     assert task.attributes["dask.task.attempts"] == 2
     assert task.attributes["dask.task.state"] == "erred"
     event_names = [e.name for e in task.events]
-    assert "erred" in event_names
+    assert event_names[:2] == ["processing", "released"]  # the retry: back to waiting
     assert event_names.count("processing") == 2
     (event,) = [e for e in task.events if e.name == "exception"]
     assert event.attributes["exception.type"].endswith("ValueError")
@@ -280,14 +282,13 @@ def test_dependent_of_a_failed_task_is_erred_and_names_the_culprit(telemetry):
         dependent = client.submit(inc, bad)
         with pytest.raises(ValueError, match="boom 1"):
             dependent.result()
-        flush_scheduler(client)
+        flush_emitters(client)
         bad_key = bad.key
 
     task = only(telemetry.spans(), "task inc")
     assert task.attributes["dask.task.state"] == "erred"
     assert task.attributes["dask.task.attempts"] == 0
     assert task.status.status_code == StatusCode.ERROR
-    assert "erred" in [e.name for e in task.events]
     assert not telemetry.spans("execute inc")  # it never ran
     assert task.attributes["dask.task.erred_by"] == bad_key
     assert "exception" not in [e.name for e in task.events]
@@ -302,7 +303,7 @@ def test_links_to_dependencies_in_the_same_graph(telemetry):
         parts = [dask.delayed(inc)(i) for i in range(3)]
         total = dask.delayed(sum)(parts)
         assert client.compute(total).result() == 6
-        flush_scheduler(client)
+        flush_emitters(client)
 
     spans = telemetry.spans()
     assert len(by_trace(spans)) == 1
@@ -322,7 +323,7 @@ def test_links_to_dependencies_from_an_earlier_submission(telemetry):
         futures = client.map(inc, range(3))
         total = client.submit(sum, futures)
         assert total.result() == 6
-        flush_scheduler(client)
+        flush_emitters(client)
 
     total_span = only(telemetry.spans(), "task sum")
     inputs = telemetry.spans("task inc")
@@ -351,7 +352,7 @@ def test_user_span_and_log_inside_a_task(telemetry):
     try:
         with cluster_and_client() as (_, client):
             assert client.submit(work, 21).result() == 42
-            flush_scheduler(client)
+            flush_emitters(client)
     finally:
         USER_CODE.clear()
 
@@ -393,7 +394,7 @@ def test_uninstrumented_client_gets_a_root_graph_span(telemetry):
             assert all("dask-otel" in p for p in worker_plugins(client).values())
             futures = client.map(inc, range(3))
             assert client.submit(sum, futures).result() == 6
-            flush_scheduler(client)
+            flush_emitters(client)
             cluster_id = client.scheduler_info()["id"]
 
     spans = telemetry.spans()
@@ -440,7 +441,7 @@ def test_disabled_by_config(telemetry):
     with dask.config.set({"otel.enabled": False}), cluster_and_client() as (_, client):
         futures = client.map(inc, range(3))
         assert client.submit(sum, futures).result() == 6
-        flush_scheduler(client)
+        flush_emitters(client)
         patched = client.run(lambda dask_worker: "execute" in vars(dask_worker))
     assert telemetry.spans() == []
     assert not any(patched.values())
@@ -451,7 +452,7 @@ def test_disabled_client_with_an_enabled_cluster(telemetry):
     with cluster_and_client() as (_, client):
         with dask.config.set({"otel.enabled": False}):
             assert client.submit(inc, 1).result() == 2
-        flush_scheduler(client)
+        flush_emitters(client)
     assert not telemetry.spans("compute")
     assert only(telemetry.spans(), "graph").parent is None
     assert_task_ids_line_up(telemetry.spans())
@@ -465,16 +466,20 @@ def test_max_events_and_max_links(telemetry):
     with dask.config.set(settings), cluster_and_client() as (_, client):
         futures = client.map(inc, range(5))
         assert client.submit(sum, futures).result() == 15
-        flush_scheduler(client)
+        with pytest.raises(ValueError):  # 3 attempts: 7 states between start and end
+            client.submit(fail, 1, retries=2).result()
+        flush_emitters(client)
 
     tasks = telemetry.spans("task")
-    assert len(tasks) == 6
-    for task in tasks:
-        assert len(task.events) == 2
-        assert task.events[0].name == "waiting"
-        assert task.events[-1].name == "memory"  # the final state always shows
-        # waiting, processing, memory at least: one or more were counted, not kept.
-        assert task.attributes["dask.task.dropped_events"] >= 1
+    assert len(tasks) == 7
+    retried = only(tasks, "task fail")
+    states = [e.name for e in retried.events if e.name != "exception"]
+    # The first kept, and always the latest; the 5 others counted.
+    assert states == ["processing", "processing"]
+    assert retried.attributes["dask.task.dropped_events"] == 5
+    for task in set(tasks) - {retried}:  # one may have been queued first
+        assert [e.name for e in task.events][-1:] == ["processing"]
+        assert "dask.task.dropped_events" not in task.attributes
     total = only(tasks, "task sum")
     assert len(total.links) == 2
     inputs = {s.context.span_id for s in telemetry.spans("task inc")}
@@ -485,11 +490,11 @@ def test_zero_links_and_events(telemetry):
     settings = {"otel.task.max-events": 0, "otel.task.max-links": 0}
     with dask.config.set(settings), cluster_and_client() as (_, client):
         assert client.submit(sum, client.map(inc, range(3))).result() == 6
-        flush_scheduler(client)
+        flush_emitters(client)
     for task in telemetry.spans("task"):
         assert not task.links
         assert not task.events
-        assert task.attributes["dask.task.dropped_events"] == 3
+        assert task.attributes["dask.task.dropped_events"] >= 1  # processing, maybe queued
 
 
 # -- (j) instrument(client) -----------------------------------------------------------------
@@ -527,7 +532,7 @@ def test_instrument_client_twice_then_uninstrument(telemetry):
         assert all(client.run(wrapped_once).values())
 
         assert client.submit(inc, 1).result() == 2
-        flush_scheduler(client)
+        flush_emitters(client)
         names = sorted(s.name for s in telemetry.spans())
         # get_data: the client fetching the result from the worker.
         assert names == ["compute inc", "execute inc", "get_data", "graph", "task inc"]
@@ -549,7 +554,7 @@ def test_execute_span_is_current_in_the_task_thread(telemetry):
 
     with cluster_and_client() as (_, client):
         first, second = client.gather(client.map(current_span_id, [1, 2]))
-        flush_scheduler(client)
+        flush_emitters(client)
     executes = sorted(
         telemetry.spans("execute current_span_id"), key=lambda s: s.attributes["dask.task.key"]
     )
@@ -575,7 +580,7 @@ def test_large_graphs_are_thinned_deterministically(telemetry):
     ):
         futures = client.map(inc, range(40))
         assert client.gather(futures) == list(range(1, 41))
-        flush_scheduler(client)
+        flush_emitters(client)
         keys = [f.key for f in futures]
 
     (graph,) = telemetry.spans("graph")
@@ -596,7 +601,7 @@ def test_excluded_prefixes_get_no_task_spans(telemetry):
         cluster_and_client() as (_, client),
     ):
         assert client.submit(sum, client.map(inc, range(3))).result() == 6
-        flush_scheduler(client)
+        flush_emitters(client)
     assert not telemetry.spans("task inc") and not telemetry.spans("execute inc")
     assert telemetry.spans("task sum") and telemetry.spans("execute sum")
 
@@ -608,7 +613,7 @@ def test_thinned_tasks_that_fail_or_are_slow_are_kept(telemetry):
             client.submit(fail, 1, retries=1).result()
         assert client.submit(slow, 5).result() == 5
         assert client.gather(client.map(inc, range(5))) == [1, 2, 3, 4, 5]
-        flush_scheduler(client)
+        flush_emitters(client)
 
     assert not telemetry.spans("task inc") and not telemetry.spans("execute inc")
     (failed,) = telemetry.spans("task fail")
@@ -629,7 +634,7 @@ def test_transfer_and_get_data_join_the_traces_of_their_tasks(telemetry):
         x = client.submit(inc, 1, workers=[a], key="x-1")
         y = client.submit(inc, x, workers=[b], key="y-1")
         assert y.result() == 3
-        flush_scheduler(client)
+        flush_emitters(client)
 
     spans = telemetry.spans()
     task_x, task_y = only(spans, "task x"), only(spans, "task y")

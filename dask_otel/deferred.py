@@ -1,0 +1,98 @@
+"""A span that is current and recording now, and built by the SDK later, off the event loop.
+
+A worker's ``execute`` span must be current while its task runs: user spans nest under
+it, user log records carry its ids, ``rpc`` spans see a recording parent, and user code
+may ``set_attribute`` on it. Building it through the SDK costs ~35 us of the worker's
+event loop per task, Dask's bottleneck. A :class:`DeferredSpan` costs a few
+microseconds: it draws its span id up front (so children name their parent at once),
+keeps whatever is done to it as calls, and :meth:`DeferredSpan.replay` applies them to
+the real span, started with the same id by :class:`dask_otel.ids.SpanIdSetter`, in a
+background thread once the task is over.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from time import time_ns
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.util import types
+
+#: Calls kept per span (the SDK keeps at most 128 attributes, events and links anyway):
+#: user code calling ``set_attribute`` in a loop must not grow a task's memory.
+MAX_CALLS = 512
+
+
+class DeferredSpan(trace.Span):
+    """A recording span with a pre-drawn id whose operations are replayed on a real span.
+
+    Its parent is given when the real span is started; only its trace id and flags are
+    known here (the parent's). Time-stamped operations (events, exceptions) keep the time
+    they were made. ``end`` is ignored: the span ends when the task attempt does.
+    """
+
+    __slots__ = ("_calls", "_context")
+
+    def __init__(self, parent: trace.SpanContext) -> None:
+        self._context = trace.SpanContext(
+            parent.trace_id,
+            random.getrandbits(64) or 1,  # as the SDK's RandomIdGenerator draws them
+            is_remote=False,
+            trace_flags=parent.trace_flags,
+            trace_state=parent.trace_state,
+        )
+        self._calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+
+    def _keep(self, name: str, *args: Any, **kwargs: Any) -> None:
+        if len(self._calls) < MAX_CALLS:
+            self._calls.append((name, args, kwargs))
+
+    def replay(self, span: trace.Span) -> None:
+        """Apply to ``span`` everything done to this one, in order."""
+        for name, args, kwargs in self._calls:
+            getattr(span, name)(*args, **kwargs)
+
+    def get_span_context(self) -> trace.SpanContext:
+        return self._context
+
+    def is_recording(self) -> bool:
+        return True
+
+    def end(self, end_time: int | None = None) -> None:
+        """Ignored: the owner ends the real span."""
+
+    def set_attributes(self, attributes: Mapping[str, types.AnyValue]) -> None:
+        self._keep("set_attributes", dict(attributes))
+
+    def set_attribute(self, key: str, value: types.AnyValue) -> None:
+        self._keep("set_attribute", key, value)
+
+    def add_event(
+        self, name: str, attributes: types.Attributes = None, timestamp: int | None = None
+    ) -> None:
+        self._keep("add_event", name, attributes, timestamp or time_ns())
+
+    def add_link(self, context: trace.SpanContext, attributes: types.Attributes = None) -> None:
+        self._keep("add_link", context, attributes)
+
+    def update_name(self, name: str) -> None:
+        self._keep("update_name", name)
+
+    def set_status(
+        self, status: trace.Status | trace.StatusCode, description: str | None = None
+    ) -> None:
+        self._keep("set_status", status, description)
+
+    def record_exception(
+        self,
+        exception: BaseException,
+        attributes: types.Attributes = None,
+        timestamp: int | None = None,
+        escaped: bool = False,
+    ) -> None:
+        self._keep("record_exception", exception, attributes, timestamp or time_ns(), escaped)
+
+    def __repr__(self) -> str:
+        return f"DeferredSpan({self._context!r})"
