@@ -43,15 +43,18 @@ class DeferredSpan(trace.Span):
             trace_flags=parent.trace_flags,
             trace_state=parent.trace_state,
         )
-        self._calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+        #: Made on the first call: most tasks never touch their span.
+        self._calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] | None = None
 
     def _keep(self, name: str, *args: Any, **kwargs: Any) -> None:
+        if self._calls is None:
+            self._calls = []
         if len(self._calls) < MAX_CALLS:
             self._calls.append((name, args, kwargs))
 
     def replay(self, span: trace.Span) -> None:
         """Apply to ``span`` everything done to this one, in order."""
-        for name, args, kwargs in self._calls:
+        for name, args, kwargs in self._calls or ():
             getattr(span, name)(*args, **kwargs)
 
     def get_span_context(self) -> trace.SpanContext:

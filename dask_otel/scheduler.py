@@ -34,6 +34,8 @@ logger = logging.getLogger(__name__)
 
 #: States after which a task's span is complete.
 FINAL_STATES = frozenset({"memory", "erred", "forgotten"})
+#: States a task enters on submission, shown by its span's start rather than by events.
+BEFORE_RUN = frozenset({"waiting", "queued"})
 
 
 class _Graph:
@@ -44,12 +46,14 @@ class _Graph:
     ``carrier`` is the context every task of the graph carries in its annotation.
     """
 
-    __slots__ = ("carrier", "pending", "span")
+    __slots__ = ("carrier", "context", "pending", "span")
 
     def __init__(self, span: trace.Span, carrier: trace.SpanContext) -> None:
         self.span = span
         self.carrier = carrier
         self.pending = 0
+        #: The parent context of its ``task`` spans.
+        self.context = trace.set_span_in_context(trace.NonRecordingSpan(span.get_span_context()))
 
 
 class _Task:
@@ -86,9 +90,9 @@ class _Task:
         self.graph = graph
         self.start_ns = start_ns
         self.end_ns = 0
-        # Lists only once needed: a graph's records live as long as its tasks, and every
-        # object they hold is more work for Python's garbage collector.
-        self.events: list[tuple[str, int, str | None, str | None]] | None = None
+        # A graph's records live as long as its tasks: no list unless needed, and events in
+        # a tuple of plain values, which Python's garbage collector stops tracking.
+        self.events: tuple[tuple[str, int, str | None, str | None], ...] = ()
         self.dropped_events = 0
         self.attempts = 0
         self.worker: str | None = None
@@ -112,14 +116,12 @@ class _Task:
 
     def add_event(self, event: tuple[str, int, str | None, str | None], limit: int) -> None:
         """Keep the first ``limit - 1`` events and always the latest; count the others."""
-        if self.events is None:
-            self.events = []
         events = self.events
         if len(events) < limit:
-            events.append(event)
+            self.events = (*events, event)
         else:
             if events:
-                events[-1] = event
+                self.events = (*events[:-1], event)
             self.dropped_events += 1
 
 
@@ -294,9 +296,11 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
             worker = kwargs.get("worker")
         if finish in FINAL_STATES:
             self._finish(record, finish, time_ns(), kwargs)
-        # Events are the states entered between the span's start (the submission, when the
-        # task starts waiting) and its end (the final state); thinned tasks record none.
-        elif record.kept and start != finish and (record.attempts or start != "released"):
+        # Events: the states entered between the span's start and end (the final state),
+        # but for waiting and queued before the first attempt: the span's start is the
+        # submission, and the time to the first ``processing`` is spent in those. Thinned
+        # tasks record none.
+        elif record.kept and start != finish and (record.attempts or finish not in BEFORE_RUN):
             event = (finish, time_ns(), stimulus_id, worker)
             record.add_event(event, self._settings.max_task_events)
 
@@ -361,16 +365,15 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
             attributes["dask.task.nbytes"] = record.nbytes
         if record.dropped_events:
             attributes["dask.task.dropped_events"] = record.dropped_events
-        graph_context = record.graph.span.get_span_context()
         span = self._ids.start_span(
             ids.task_span_id(carrier, key),
             f"task {prefix}",
-            context=trace.set_span_in_context(trace.NonRecordingSpan(graph_context)),
+            context=record.graph.context,
             start_time=record.start_ns,
             attributes=attributes,
             links=_dependency_links(record.dependencies or ()),
         )
-        for state, timestamp, stimulus_id, worker in record.events or ():
+        for state, timestamp, stimulus_id, worker in record.events:
             event_attributes = {"dask.stimulus.id": stimulus_id} if stimulus_id else {}
             if worker:
                 event_attributes["dask.worker.address"] = worker

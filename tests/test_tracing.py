@@ -342,6 +342,10 @@ USER_CODE: dict[str, object] = {}
 
 def work(x):
     logging.getLogger("user").warning("working on %s", x)
+    # The task's own span, as user code finds it: what is done to it shows on `execute`.
+    task_span = trace.get_current_span()
+    task_span.set_attribute("user.rows", x)
+    task_span.add_event("user.checkpoint", {"user.step": 1})
     tracer = trace.get_tracer("user-code", tracer_provider=USER_CODE["tracer_provider"])
     with tracer.start_as_current_span("user-span"):
         return x * 2
@@ -362,6 +366,11 @@ def test_user_span_and_log_inside_a_task(telemetry):
     assert user.parent is not None
     assert user.parent.span_id == execute.context.span_id
     assert user.context.trace_id == execute.context.trace_id
+    assert execute.start_time <= user.start_time <= user.end_time <= execute.end_time
+    assert execute.attributes["user.rows"] == 21
+    (checkpoint,) = [e for e in execute.events if e.name == "user.checkpoint"]
+    assert checkpoint.attributes["user.step"] == 1
+    assert execute.start_time <= checkpoint.timestamp <= user.start_time
     assert_no_orphans(spans)
 
     records = [r for r in telemetry.logs() if r.body == "working on 21"]

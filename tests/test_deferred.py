@@ -1,0 +1,89 @@
+"""DeferredSpan: current and recording on the event loop, replayed on the real span later."""
+
+from __future__ import annotations
+
+from time import time_ns
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Status, StatusCode
+
+from dask_otel import ids
+from dask_otel.deferred import MAX_CALLS, DeferredSpan
+
+PARENT = trace.SpanContext(0x1234, 0x5678, is_remote=True, trace_flags=trace.TraceFlags(1))
+
+
+def real_span_for(deferred: DeferredSpan):
+    """The span the worker's emitter builds: same id, then the replay, then the end."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    setter = ids.SpanIdSetter(provider.get_tracer("test"))
+    span = setter.start_span(
+        deferred.get_span_context().span_id,
+        "execute",
+        context=trace.set_span_in_context(trace.NonRecordingSpan(PARENT)),
+    )
+    deferred.replay(span)
+    span.end()
+    (finished,) = exporter.get_finished_spans()
+    return finished
+
+
+def test_it_is_a_recording_child_of_the_parents_trace():
+    deferred = DeferredSpan(PARENT)
+    context = deferred.get_span_context()
+    assert deferred.is_recording()
+    assert context.trace_id == PARENT.trace_id
+    assert context.span_id not in (0, PARENT.span_id)
+    assert context.trace_flags.sampled and not context.is_remote
+    assert DeferredSpan(PARENT).get_span_context().span_id != context.span_id
+
+
+def test_everything_done_to_it_is_replayed_in_order_with_its_times():
+    deferred = DeferredSpan(PARENT)
+    before = time_ns()
+    deferred.set_attribute("rows", 1)
+    deferred.set_attributes({"rows": 2, "table": "t"})
+    deferred.add_event("checkpoint", {"step": 1})
+    deferred.add_event("explicit", timestamp=42)
+    deferred.add_link(trace.SpanContext(7, 8, False), {"why": "input"})
+    deferred.update_name("execute renamed")
+    try:
+        raise ValueError("bad row")
+    except ValueError as e:
+        deferred.record_exception(e, {"row": 3})
+    deferred.set_status(Status(StatusCode.ERROR, "bad row"))
+    deferred.end()  # ignored: the owner ends the real span
+    after = time_ns()
+
+    span = real_span_for(deferred)
+    assert span.context.span_id == deferred.get_span_context().span_id
+    assert span.parent.span_id == PARENT.span_id
+    assert span.name == "execute renamed"
+    assert dict(span.attributes) == {"rows": 2, "table": "t"}
+    checkpoint, explicit, exception = span.events
+    assert checkpoint.name == "checkpoint" and checkpoint.attributes["step"] == 1
+    assert before <= checkpoint.timestamp <= after  # when it was made, not when replayed
+    assert explicit.timestamp == 42
+    assert exception.name == "exception"
+    assert exception.attributes["exception.message"] == "bad row"
+    assert exception.attributes["row"] == 3
+    assert "raise ValueError" in exception.attributes["exception.stacktrace"]
+    assert before <= exception.timestamp <= after
+    (link,) = span.links
+    assert (link.context.span_id, link.attributes["why"]) == (8, "input")
+    assert span.status.status_code is StatusCode.ERROR
+
+
+def test_calls_are_bounded():
+    deferred = DeferredSpan(PARENT)
+    for i in range(MAX_CALLS + 100):
+        deferred.add_event(f"e{i}")
+    span = real_span_for(deferred)
+    # The first MAX_CALLS were kept; of those, the SDK keeps its own limit (the latest).
+    assert len(span.events) == min(MAX_CALLS, 128)
+    assert span.events[-1].name == f"e{MAX_CALLS - 1}"
