@@ -2,11 +2,14 @@
 
 Runs a workload on an in-process ``LocalCluster(n_workers=2, threads_per_worker=1,
 processes=False)``, plain and instrumented, in interleaved rounds within one run, and
-reports the median of the per-round ratios with min and max. The instrumented rounds use
-the real SDK with every span sampled (batch span processor) and metrics on (a periodic
-reader collecting every 5 s); spans and metrics go to exporters that discard them
-(``--export otlp`` sends spans over OTLP/gRPC to a receiver in another process instead,
-so the export cost is included). Workloads:
+reports the median of the per-round ratios with min and max, the CPU time per task of each
+group of threads (the event loop that the scheduler and both workers share, dask-otel's
+span emitters, the SDK's threads) and of garbage collection. The instrumented rounds use
+the real SDK with every span sampled (the batch span processor dask-otel configures;
+``--processor sdk`` for the SDK's own) and metrics on (a periodic reader collecting every
+5 s); spans and metrics go to exporters that discard them (``--export otlp`` sends spans
+over OTLP/gRPC to a receiver in another process instead, so the export cost is included).
+Plain and instrumented rounds alternate which goes first. Workloads:
 
 - ``noop``: ``--tasks`` no-op tasks with ``client.map``;
 - ``graph``: one graph of ``--tasks`` tasks (half leaves, half a binary tree summing them);
@@ -23,10 +26,13 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -44,6 +50,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 import dask_otel
+from dask_otel import sdk
 
 RECEIVER = """
 import sys, time
@@ -122,8 +129,62 @@ MOVEMENT_MEMORY = {
 }
 
 
-def one_round(workload: str, tasks: int) -> tuple[float, float]:
-    """(wall seconds, process CPU seconds) to run ``workload`` on a new cluster."""
+def thread_cpu() -> dict[int, tuple[str, float]]:
+    """CPU seconds used so far by each live thread of this process, by native thread id
+    (Python's ``ident`` of an ended thread is reused)."""
+    times = {}
+    for thread in threading.enumerate():
+        try:
+            clock = time.pthread_getcpuclockid(thread.ident)  # type: ignore[arg-type]
+            times[thread.native_id] = (thread.name, time.clock_gettime(clock))
+        except (OSError, TypeError):
+            pass  # ended meanwhile
+    return times
+
+
+THREAD_GROUPS = {
+    "loop": "event loop (scheduler and both workers)",
+    "tasks": "task threads (executors)",
+    "dask-otel": "dask-otel span emitters",
+    "sdk": "OpenTelemetry SDK (batch processor, metrics)",
+    "other": "other threads",
+    "gc": "garbage collection (part of the above)",
+}
+
+
+def thread_group(name: str) -> str:
+    """The part of the process a thread's CPU is charged to."""
+    if name == "IO loop":
+        return "loop"  # the event loop of the scheduler and both workers
+    if name.startswith("dask-otel"):
+        return "dask-otel"
+    if name.startswith("Otel"):
+        return "sdk"
+    if "Dask-Default-Threads" in name:
+        return "tasks"
+    return "other"
+
+
+#: Seconds spent in garbage collection during a round (in whichever thread triggered it,
+#: so also counted in that thread's CPU), and the number of full collections.
+collections: Counter = Counter()
+_gc_started = [0.0]
+
+
+def _time_gc(phase: str, info: dict) -> None:
+    if phase == "start":
+        _gc_started[0] = time.perf_counter()
+        return
+    collections["gc"] += time.perf_counter() - _gc_started[0]
+    collections["full collections"] += info["generation"] == 2
+
+
+gc.callbacks.append(_time_gc)
+
+
+def one_round(workload: str, tasks: int) -> tuple[float, float, Counter]:
+    """(wall seconds, process CPU seconds, CPU seconds by thread group) to run
+    ``workload`` on a new cluster."""
     memory = workload == "movement"
     with (
         dask.config.set(MOVEMENT_MEMORY if memory else {}),
@@ -138,9 +199,15 @@ def one_round(workload: str, tasks: int) -> tuple[float, float]:
     ):
         client.gather(client.map(noop, range(50), pure=False))  # warm up
         gc.collect()
+        before = thread_cpu()
+        collections.clear()
         wall, cpu = time.perf_counter(), time.process_time()
         WORKLOADS[workload](client, tasks)
-        return time.perf_counter() - wall, time.process_time() - cpu
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        groups: Counter = Counter(collections)
+        for ident, (name, seconds) in thread_cpu().items():
+            groups[thread_group(name)] += seconds - before.get(ident, (name, 0.0))[1]
+        return wall, cpu, groups
 
 
 def make_exporter(kind: str) -> tuple[SpanExporter, subprocess.Popen | None]:
@@ -166,6 +233,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--export", choices=["discard", "otlp"], default="discard")
     parser.add_argument(
+        "--processor",
+        choices=["dask-otel", "sdk"],
+        default="dask-otel",
+        help="span processor: the one dask-otel configures, or the SDK's BatchSpanProcessor",
+    )
+    parser.add_argument(
         "--set",
         action="append",
         default=[],
@@ -177,30 +250,44 @@ def main() -> None:
 
     exporter, receiver = make_exporter(args.export)
     provider = TracerProvider()
-    provider.add_span_processor(
-        BatchSpanProcessor(exporter, max_queue_size=65536, max_export_batch_size=512)
-    )
+    # The batch processor dask-otel configures, with the queue and batch sizes it sets.
+    for name in ("OTEL_BSP_MAX_QUEUE_SIZE", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"):
+        os.environ.setdefault(name, sdk.ENV_DEFAULTS[name])
+    if args.processor == "dask-otel":
+        provider.add_span_processor(sdk.span_processor(exporter))
+    else:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
     meter_provider = MeterProvider(
         metric_readers=[
             PeriodicExportingMetricReader(DiscardingMetricExporter(), export_interval_millis=5000)
         ]
     )
     instrumentor = dask_otel.DaskInstrumentor()
-    ratios, cpu_ratios, plain_times, traced_times = [], [], [], []
+
+    def instrumented_round() -> tuple[float, float, Counter]:
+        instrumentor.instrument(tracer_provider=provider, meter_provider=meter_provider)
+        try:
+            with dask.config.set(settings):
+                return one_round(args.workload, args.tasks)
+        finally:
+            instrumentor.uninstrument()
+            provider.force_flush()
+
+    def plain_round() -> tuple[float, float, Counter]:
+        return one_round(args.workload, args.tasks)
+
+    ratios, cpu_ratios, plains, traceds = [], [], [], []
     try:
         for r in range(args.rounds):
-            plain = one_round(args.workload, args.tasks)
-            instrumentor.instrument(tracer_provider=provider, meter_provider=meter_provider)
-            try:
-                with dask.config.set(settings):
-                    traced = one_round(args.workload, args.tasks)
-            finally:
-                instrumentor.uninstrument()
-            provider.force_flush()
+            # Alternate which goes first, so that neither always runs on a warmer process.
+            if r % 2:
+                traced, plain = instrumented_round(), plain_round()
+            else:
+                plain, traced = plain_round(), instrumented_round()
             ratios.append(traced[0] / plain[0])
             cpu_ratios.append(traced[1] / plain[1])
-            plain_times.append(plain[0])
-            traced_times.append(traced[0])
+            plains.append(plain)
+            traceds.append(traced)
             print(
                 f"round {r + 1}: plain {plain[0]:.3f}s  instrumented {traced[0]:.3f}s  "
                 f"ratio {ratios[-1]:.3f}  cpu ratio {cpu_ratios[-1]:.3f}",
@@ -212,20 +299,30 @@ def main() -> None:
         if receiver is not None:
             receiver.communicate("")
 
-    extra = statistics.median(traced_times) - statistics.median(plain_times)
+    plain_wall = statistics.median(p[0] for p in plains)
+    traced_wall = statistics.median(t[0] for t in traceds)
+    extra = traced_wall - plain_wall
     per_task = "" if args.workload == "movement" else f", {1e6 * extra / args.tasks:.1f} us/task"
     print(
         f"\n{args.workload} workload, --tasks {args.tasks}, {args.rounds} interleaved rounds, "
-        f"export={args.export}"
+        f"export={args.export} processor={args.processor}"
         f" {' '.join(args.set)}\n"
         f"wall ratio  median {statistics.median(ratios):.3f}  "
         f"min {min(ratios):.3f}  max {max(ratios):.3f}\n"
         f"cpu ratio   median {statistics.median(cpu_ratios):.3f}  "
         f"min {min(cpu_ratios):.3f}  max {max(cpu_ratios):.3f}\n"
-        f"plain median {statistics.median(plain_times):.3f}s  "
-        f"instrumented median {statistics.median(traced_times):.3f}s  "
+        f"plain median {plain_wall:.3f}s  instrumented median {traced_wall:.3f}s  "
         f"(+{extra:.3f}s{per_task})"
     )
+    print("CPU us per task by thread (median plain -> instrumented):")
+    for group in ("loop", "tasks", "dask-otel", "sdk", "other", "gc"):
+        plain_us = statistics.median(1e6 * p[2][group] / args.tasks for p in plains)
+        traced_us = statistics.median(1e6 * t[2][group] / args.tasks for t in traceds)
+        print(f"  {THREAD_GROUPS[group]:<48} {plain_us:8.1f} -> {traced_us:8.1f}")
+    full = [
+        statistics.median(r[2]["full collections"] for r in rounds) for rounds in (plains, traceds)
+    ]
+    print(f"full collections per round (median): {full[0]:.0f} -> {full[1]:.0f}")
     if isinstance(exporter, DiscardingExporter):
         print(f"spans exported: {exporter.count}")
 

@@ -34,7 +34,10 @@ from opentelemetry.sdk._logs.export import (
     LogRecordExporter,
 )
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace.span import TraceState
 
 from dask_otel import telemetry
 from dask_otel.report import report_once
@@ -362,7 +365,16 @@ class _CountingExporter:
 
 
 class _CountingSpanExporter(_CountingExporter, SpanExporter):
+    """Counts lost spans; hands the exporter ReadableSpans rebuilt from queued tuples."""
+
     signal = "traces"
+
+    def __init__(self, exporter: SpanExporter, shared: _SharedObjects) -> None:
+        super().__init__(exporter)
+        self.shared = shared
+
+    def export(self, batch: Sequence[Any]) -> Any:
+        return super().export([rebuild(values, self.shared) for values in batch])
 
 
 class _CountingLogRecordExporter(_CountingExporter, LogRecordExporter):
@@ -414,9 +426,166 @@ def _count_queue_drops(processor: Any, signal: str) -> None:
     batch._metrics = _QueueDrops(inner, signal)
 
 
-def _span_processor(exporter: SpanExporter) -> BatchSpanProcessor:
-    """The configurator's processor per span exporter: batching, losses counted."""
-    processor = BatchSpanProcessor(_CountingSpanExporter(exporter))
+# -- spans waiting for export ------------------------------------------------------------
+#
+# A span the SDK has ended is a dozen objects the garbage collector tracks. In a batch
+# queue they live long enough (until a batch is ready) to reach its oldest generation, and
+# every few thousand of them trigger a full collection: a walk over all of Dask's own
+# objects, a large part of a second on a scheduler holding a large graph. The processor
+# dask-otel configures queues each span as one flat tuple of plain values instead (its
+# attribute dicts and everything else in it untracked), and builds the ReadableSpan again
+# for the exporter, field for field as OTLP encodes it.
+
+#: A queued span: name, trace id, span id, flags, trace state, parent (span id, or None
+#: for a root; its remote flag), resource and scope (by number), kind, attributes, events,
+#: links, status code and description, start, end, and the counts of attributes, events
+#: and links dropped. (A parent shares the span's trace id; OTLP sends only its span id
+#: and remote flag.)
+CompactSpan = tuple
+
+
+def _trace_state(values: tuple | None) -> TraceState | None:
+    return TraceState(values) if values else None
+
+
+def _plain(attributes: Any) -> dict | None:
+    """(Already cleaned) attributes as a plain dict, which the collector does not track
+    while its values are scalars or tuples of them."""
+    return dict(attributes) if attributes else None
+
+
+class _RebuiltSpan(ReadableSpan):
+    """A queued span made readable again, with the counts of what its limits dropped."""
+
+    def __init__(self, dropped: tuple[int, int, int], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._dropped = dropped
+
+    @property
+    def dropped_attributes(self) -> int:
+        return self._dropped[0]
+
+    @property
+    def dropped_events(self) -> int:
+        return self._dropped[1]
+
+    @property
+    def dropped_links(self) -> int:
+        return self._dropped[2]
+
+
+class _SharedObjects:
+    """Numbers the few resources and scopes a process has, so queued spans hold ints."""
+
+    def __init__(self) -> None:
+        self._index: dict[int, int] = {}
+        self._objects: list[Any] = []
+        self._lock = threading.Lock()
+
+    def number(self, obj: Any) -> int:
+        index = self._index.get(id(obj))
+        if index is None:
+            with self._lock:
+                index = self._index.get(id(obj))
+                if index is None:
+                    # Kept alive with its number, so that its id is never reused.
+                    index = len(self._objects)
+                    self._objects.append(obj)
+                    self._index[id(obj)] = index
+        return index
+
+    def __getitem__(self, index: int) -> Any:
+        return self._objects[index]
+
+
+class _CompactBatchSpanProcessor(BatchSpanProcessor):
+    """The SDK's batch processor, queueing spans as tuples of plain values."""
+
+    def __init__(self, exporter: SpanExporter, shared: _SharedObjects) -> None:
+        super().__init__(exporter)
+        self._shared = shared
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if span.context and span.context.trace_flags.sampled:
+            self._batch_processor.emit(compact(span, self._shared))  # type: ignore[arg-type]
+
+
+def compact(span: ReadableSpan, shared: _SharedObjects) -> CompactSpan:
+    """``span`` as one tuple the garbage collector stops tracking (see :func:`rebuild`)."""
+    context = span.context
+    parent = span.parent
+    status = span.status
+    return (
+        span.name,
+        context.trace_id,
+        context.span_id,
+        int(context.trace_flags),
+        tuple(context.trace_state.items()) if context.trace_state else None,
+        parent.span_id if parent is not None else None,
+        parent is not None and parent.is_remote,
+        shared.number(span.resource),
+        shared.number(span.instrumentation_scope),
+        span.kind.value,
+        _plain(span.attributes),
+        tuple((e.name, e.timestamp, _plain(e.attributes)) for e in span.events),
+        tuple(_link_values(link) for link in span.links),
+        status.status_code.value,
+        status.description,
+        span.start_time,
+        span.end_time,
+        span.dropped_attributes,
+        span.dropped_events,
+        span.dropped_links,
+    )
+
+
+def _link_values(link: Link) -> tuple:
+    context = link.context
+    trace_state = tuple(context.trace_state.items()) if context.trace_state else None
+    return (
+        context.trace_id,
+        context.span_id,
+        context.is_remote,
+        int(context.trace_flags),
+        trace_state,
+        _plain(link.attributes),
+    )
+
+
+def rebuild(values: CompactSpan, shared: _SharedObjects) -> ReadableSpan:
+    """The ReadableSpan :func:`compact` made ``values`` of."""
+    (name, trace_id, span_id, flags, trace_state, parent_id, parent_remote) = values[:7]
+    (resource, scope, kind, attributes, events, links, code, description) = values[7:15]
+    start, end, *dropped = values[15:]
+    trace_flags = TraceFlags(flags)
+    state = _trace_state(trace_state)
+    return _RebuiltSpan(
+        tuple(dropped),  # type: ignore[arg-type]
+        name=name,
+        context=SpanContext(trace_id, span_id, False, trace_flags, state),
+        parent=SpanContext(trace_id, parent_id, parent_remote, trace_flags, state)
+        if parent_id is not None
+        else None,
+        resource=shared[resource],
+        instrumentation_scope=shared[scope],
+        attributes=attributes or {},
+        events=tuple(Event(n, a, t) for n, t, a in events),
+        links=tuple(
+            Link(SpanContext(t, s, r, TraceFlags(f), _trace_state(ts)), a)
+            for t, s, r, f, ts, a in links
+        ),
+        kind=SpanKind(kind),
+        status=Status(StatusCode(code), description),
+        start_time=start,
+        end_time=end,
+    )
+
+
+def span_processor(exporter: SpanExporter) -> BatchSpanProcessor:
+    """A batch span processor for ``exporter``, as dask-otel configures the SDK: queued
+    spans cost the garbage collector nothing, and lost spans are counted."""
+    shared = _SharedObjects()
+    processor = _CompactBatchSpanProcessor(_CountingSpanExporter(exporter, shared), shared)
     _count_queue_drops(processor, "traces")
     return processor
 
@@ -432,7 +601,7 @@ def _counting_processors() -> dict[str, Any]:
     """Configurator arguments that make its batch processors count what they lose."""
     accepted = inspect.signature(_initialize_components).parameters
     factories = {
-        "export_span_processor": _span_processor,
+        "export_span_processor": span_processor,
         "export_log_record_processor": _log_record_processor,
     }
     return {name: factory for name, factory in factories.items() if name in accepted}

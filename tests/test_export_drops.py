@@ -59,7 +59,7 @@ def test_full_queue_and_failed_export_are_counted_and_said_once(monkeypatch, cap
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "60000")
     exporter = FailingExporter()
     provider = TracerProvider()
-    provider.add_span_processor(sdk._span_processor(exporter))
+    provider.add_span_processor(sdk.span_processor(exporter))
     tracer = provider.get_tracer("test")
     before = sdk.dropped()
     try:

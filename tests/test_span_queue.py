@@ -1,0 +1,137 @@
+"""The span processor dask-otel configures queues spans as plain tuples.
+
+An ended SDK span is a dozen objects the garbage collector tracks; queued until a batch
+is ready they reach its oldest generation and trigger full collections of Dask's heap.
+dask-otel's processor keeps one tuple per span instead and rebuilds the ReadableSpan
+for the exporter: what the exporter receives must be the span, field for field.
+"""
+
+from __future__ import annotations
+
+import gc
+
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace.span import TraceState
+
+from dask_otel import sdk
+
+
+class Keeping(SpanExporter):
+    def __init__(self) -> None:
+        self.spans: list = []
+
+    def export(self, spans):
+        self.spans.extend(spans)
+        return SpanExportResult.SUCCESS
+
+
+def make_spans(tracer: trace.Tracer) -> None:
+    """Spans using every field the SDK exports, and over its limits."""
+    remote = SpanContext(
+        0xABC,
+        0xDEF,
+        is_remote=True,
+        trace_flags=TraceFlags(1),
+        trace_state=TraceState([("k", "v")]),
+    )
+    with tracer.start_as_current_span(
+        "root",
+        kind=SpanKind.SERVER,
+        attributes={"s": "x", "i": 1, "f": 0.5, "b": True},
+        start_time=500,
+        end_on_exit=False,
+    ) as root:
+        span = tracer.start_span(
+            "child",
+            kind=SpanKind.CLIENT,
+            links=[Link(remote, {"dask.link": "dependency"})],
+            start_time=1_000,
+        )
+        span.set_attribute("list", ["a", "b"])
+        for n in range(130):  # over the SDK's 128 attributes and 128 events
+            span.set_attribute(f"a{n}", n)
+            span.add_event(f"e{n}", {"n": n}, timestamp=2_000 + n)
+        span.record_exception(ValueError("boom"), timestamp=8_000)
+        span.set_status(Status(StatusCode.ERROR, "it failed"))
+        span.end(9_000)
+        root.end(10_000)
+    remote_child = tracer.start_span(
+        "remote child",
+        context=trace.set_span_in_context(trace.NonRecordingSpan(remote)),
+        start_time=11_000,
+    )
+    remote_child.end(12_000)
+
+
+class CountingIds(IdGenerator):
+    """The same ids in every run, so two providers make identical spans."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def generate_span_id(self) -> int:
+        self.n += 1
+        return self.n
+
+    def generate_trace_id(self) -> int:
+        self.n += 1
+        return self.n
+
+
+def exported(processor) -> list:
+    exporter = Keeping()
+    provider = TracerProvider(id_generator=CountingIds())
+    provider.add_span_processor(processor(exporter))
+    make_spans(provider.get_tracer("test", "1.0"))
+    provider.force_flush()
+    provider.shutdown()
+    return exporter.spans
+
+
+def test_exporter_receives_the_spans_the_sdk_made():
+    plain = exported(SimpleSpanProcessor)
+    queued = exported(sdk.span_processor)
+    assert [s.name for s in queued] == [s.name for s in plain] == ["child", "root", "remote child"]
+    child = queued[0]
+    assert child.dropped_attributes == plain[0].dropped_attributes > 0
+    assert child.dropped_events == plain[0].dropped_events > 0
+    assert child.parent.span_id == plain[0].parent.span_id
+    assert queued[2].parent.is_remote and queued[2].context.trace_state == TraceState([("k", "v")])
+    (link,) = child.links
+    assert link.context.trace_state == TraceState([("k", "v")]) and link.context.is_remote
+    # What OTLP sends is identical, ids, times, limits and all.
+    assert encode_spans(queued) == encode_spans(plain)
+
+
+def test_queued_spans_hold_no_objects_the_collector_tracks():
+    exporter = Keeping()
+    processor = sdk.span_processor(exporter)
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("test")
+    attributes = {"dask.task.key": "x-1", "dask.task.attempts": 1, "dask.task.workers": ["a"]}
+    for _ in range(3):
+        tracer.start_span("task x", attributes=attributes).end()
+    queue = list(processor._batch_processor._queue)
+    gc.collect()
+    # One tuple per span: its attribute dict and everything else are untracked.
+    assert len(queue) == 3
+    for values in queue:
+        assert not [v for v in values if gc.is_tracked(v)]
+    provider.shutdown()
+    assert len(exporter.spans) == 3
+
+
+def test_unsampled_spans_are_not_queued():
+    exporter = Keeping()
+    provider = TracerProvider(sampler=ALWAYS_OFF)
+    provider.add_span_processor(sdk.span_processor(exporter))
+    provider.get_tracer("test").start_span("dropped").end()
+    provider.shutdown()
+    assert exporter.spans == []
