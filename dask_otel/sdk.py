@@ -501,8 +501,8 @@ class _SharedObjects:
 class _CompactBatchSpanProcessor(BatchSpanProcessor):
     """The SDK's batch processor, queueing spans as tuples of plain values."""
 
-    def __init__(self, exporter: SpanExporter, shared: _SharedObjects) -> None:
-        super().__init__(exporter)
+    def __init__(self, exporter: SpanExporter, shared: _SharedObjects, **options: Any) -> None:
+        super().__init__(exporter, **options)
         self._shared = shared
 
     def on_end(self, span: ReadableSpan) -> None:
@@ -581,11 +581,17 @@ def rebuild(values: CompactSpan, shared: _SharedObjects) -> ReadableSpan:
     )
 
 
-def span_processor(exporter: SpanExporter) -> BatchSpanProcessor:
+def span_processor(exporter: SpanExporter, **options: Any) -> BatchSpanProcessor:
     """A batch span processor for ``exporter``, as dask-otel configures the SDK: queued
-    spans cost the garbage collector nothing, and lost spans are counted."""
+    spans are one untracked-by-GC tuple each, and lost spans are counted.
+
+    ``options`` are ``BatchSpanProcessor``'s (``max_queue_size``,
+    ``max_export_batch_size``, ``schedule_delay_millis``); unset, the ``OTEL_BSP_*``
+    variables apply.
+    """
     shared = _SharedObjects()
-    processor = _CompactBatchSpanProcessor(_CountingSpanExporter(exporter, shared), shared)
+    counting = _CountingSpanExporter(exporter, shared)
+    processor = _CompactBatchSpanProcessor(counting, shared, **options)
     _count_queue_drops(processor, "traces")
     return processor
 

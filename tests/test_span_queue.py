@@ -135,3 +135,12 @@ def test_unsampled_spans_are_not_queued():
     provider.get_tracer("test").start_span("dropped").end()
     provider.shutdown()
     assert exporter.spans == []
+
+
+def test_batch_options_pass_through():
+    processor = sdk.span_processor(Keeping(), max_queue_size=7, max_export_batch_size=3)
+    try:
+        assert processor._batch_processor._queue.maxlen == 7
+        assert processor._batch_processor._max_export_batch_size == 3
+    finally:
+        processor.shutdown()
