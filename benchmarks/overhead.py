@@ -20,6 +20,7 @@ Plain and instrumented rounds alternate which goes first. Workloads:
     python benchmarks/overhead.py --tasks 20000 --rounds 7
     python benchmarks/overhead.py --workload graph --tasks 4000 --rounds 7
     python benchmarks/overhead.py --workload movement --rounds 7
+    python benchmarks/overhead.py --tasks 20000 --rounds 3 --processor dask-otel --processor sdk
 """
 
 from __future__ import annotations
@@ -148,6 +149,7 @@ THREAD_GROUPS = {
     "dask-otel": "dask-otel span emitters",
     "sdk": "OpenTelemetry SDK (batch processor, metrics)",
     "other": "other threads",
+    "ended": "threads that ended during the round",
     "gc": "garbage collection (part of the above)",
 }
 
@@ -204,9 +206,13 @@ def one_round(workload: str, tasks: int) -> tuple[float, float, Counter]:
         wall, cpu = time.perf_counter(), time.process_time()
         WORKLOADS[workload](client, tasks)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-        groups: Counter = Counter(collections)
+        groups: Counter = Counter()
         for ident, (name, seconds) in thread_cpu().items():
             groups[thread_group(name)] += seconds - before.get(ident, (name, 0.0))[1]
+        # Threads that ended during the round (an emitter thread ends after 1 s idle, e.g.
+        # while the client gathers) took the rest of the process's CPU time with them.
+        groups["ended"] = max(0.0, cpu - sum(groups.values()))
+        groups.update(collections)
         return wall, cpu, groups
 
 
@@ -234,9 +240,11 @@ def main() -> None:
     parser.add_argument("--export", choices=["discard", "otlp"], default="discard")
     parser.add_argument(
         "--processor",
-        choices=["dask-otel", "sdk"],
-        default="dask-otel",
-        help="span processor: the one dask-otel configures, or the SDK's BatchSpanProcessor",
+        action="append",
+        choices=sorted(PROCESSORS),
+        help="span processor of the instrumented rounds: the one dask-otel configures "
+        "(default), the SDK's BatchSpanProcessor, or both (give it twice: every round then "
+        "runs plain and once with each)",
     )
     parser.add_argument(
         "--set",
@@ -247,16 +255,16 @@ def main() -> None:
     )
     args = parser.parse_args()
     settings = {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in args.set)}
+    processors = list(dict.fromkeys(args.processor or ["dask-otel"]))
 
     exporter, receiver = make_exporter(args.export)
-    provider = TracerProvider()
-    # The batch processor dask-otel configures, with the queue and batch sizes it sets.
+    # The queue and batch sizes dask-otel sets, for either processor.
     for name in ("OTEL_BSP_MAX_QUEUE_SIZE", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"):
         os.environ.setdefault(name, sdk.ENV_DEFAULTS[name])
-    if args.processor == "dask-otel":
-        provider.add_span_processor(sdk.span_processor(exporter))
-    else:
-        provider.add_span_processor(BatchSpanProcessor(exporter))
+    providers = {}
+    for name in processors:
+        providers[name] = TracerProvider()
+        providers[name].add_span_processor(PROCESSORS[name](exporter))
     meter_provider = MeterProvider(
         metric_readers=[
             PeriodicExportingMetricReader(DiscardingMetricExporter(), export_interval_millis=5000)
@@ -264,7 +272,10 @@ def main() -> None:
     )
     instrumentor = dask_otel.DaskInstrumentor()
 
-    def instrumented_round() -> tuple[float, float, Counter]:
+    def run(mode: str) -> tuple[float, float, Counter]:
+        if mode == "plain":
+            return one_round(args.workload, args.tasks)
+        provider = providers[mode]
         instrumentor.instrument(tracer_provider=provider, meter_provider=meter_provider)
         try:
             with dask.config.set(settings):
@@ -273,39 +284,53 @@ def main() -> None:
             instrumentor.uninstrument()
             provider.force_flush()
 
-    def plain_round() -> tuple[float, float, Counter]:
-        return one_round(args.workload, args.tasks)
-
-    ratios, cpu_ratios, plains, traceds = [], [], [], []
+    modes = ["plain", *processors]
+    results: dict[str, list] = {mode: [] for mode in modes}
     try:
         for r in range(args.rounds):
-            # Alternate which goes first, so that neither always runs on a warmer process.
-            if r % 2:
-                traced, plain = instrumented_round(), plain_round()
-            else:
-                plain, traced = plain_round(), instrumented_round()
-            ratios.append(traced[0] / plain[0])
-            cpu_ratios.append(traced[1] / plain[1])
-            plains.append(plain)
-            traceds.append(traced)
+            # Rotate which goes first, so that none always runs on a warmer process.
+            order = modes[r % len(modes) :] + modes[: r % len(modes)]
+            times = {mode: run(mode) for mode in order}
+            for mode in modes:
+                results[mode].append(times[mode])
+            plain = times["plain"]
             print(
-                f"round {r + 1}: plain {plain[0]:.3f}s  instrumented {traced[0]:.3f}s  "
-                f"ratio {ratios[-1]:.3f}  cpu ratio {cpu_ratios[-1]:.3f}",
+                f"round {r + 1}: plain {plain[0]:.3f}s  "
+                + "  ".join(
+                    f"{name} {times[name][0]:.3f}s (ratio {times[name][0] / plain[0]:.3f}, "
+                    f"cpu ratio {times[name][1] / plain[1]:.3f})"
+                    for name in processors
+                ),
                 flush=True,
             )
     finally:
-        provider.shutdown()
+        for provider in providers.values():
+            provider.shutdown()
         meter_provider.shutdown()
         if receiver is not None:
             receiver.communicate("")
 
+    for name in processors:
+        report(args, name, results["plain"], results[name])
+    if isinstance(exporter, DiscardingExporter):
+        print(f"spans exported: {exporter.count}")
+
+
+#: Span processors the instrumented rounds can use.
+PROCESSORS = {"dask-otel": sdk.span_processor, "sdk": BatchSpanProcessor}
+
+
+def report(args: argparse.Namespace, processor: str, plains: list, traceds: list) -> None:
+    """Ratios, CPU by thread group and garbage collection, instrumented vs plain."""
+    ratios = [t[0] / p[0] for t, p in zip(traceds, plains, strict=True)]
+    cpu_ratios = [t[1] / p[1] for t, p in zip(traceds, plains, strict=True)]
     plain_wall = statistics.median(p[0] for p in plains)
     traced_wall = statistics.median(t[0] for t in traceds)
     extra = traced_wall - plain_wall
     per_task = "" if args.workload == "movement" else f", {1e6 * extra / args.tasks:.1f} us/task"
     print(
         f"\n{args.workload} workload, --tasks {args.tasks}, {args.rounds} interleaved rounds, "
-        f"export={args.export} processor={args.processor}"
+        f"export={args.export} processor={processor}"
         f" {' '.join(args.set)}\n"
         f"wall ratio  median {statistics.median(ratios):.3f}  "
         f"min {min(ratios):.3f}  max {max(ratios):.3f}\n"
@@ -314,17 +339,18 @@ def main() -> None:
         f"plain median {plain_wall:.3f}s  instrumented median {traced_wall:.3f}s  "
         f"(+{extra:.3f}s{per_task})"
     )
-    print("CPU us per task by thread (median plain -> instrumented):")
-    for group in ("loop", "tasks", "dask-otel", "sdk", "other", "gc"):
-        plain_us = statistics.median(1e6 * p[2][group] / args.tasks for p in plains)
-        traced_us = statistics.median(1e6 * t[2][group] / args.tasks for t in traceds)
-        print(f"  {THREAD_GROUPS[group]:<48} {plain_us:8.1f} -> {traced_us:8.1f}")
+    # The movement workload has no task count of its own: its CPU is per round.
+    movement = args.workload == "movement"
+    unit, scale = ("ms per round", 1e3) if movement else ("us per task", 1e6 / args.tasks)
+    print(f"CPU {unit} by thread (median plain -> instrumented):")
+    for group in THREAD_GROUPS:
+        plain_cpu = statistics.median(scale * p[2][group] for p in plains)
+        traced_cpu = statistics.median(scale * t[2][group] for t in traceds)
+        print(f"  {THREAD_GROUPS[group]:<48} {plain_cpu:8.1f} -> {traced_cpu:8.1f}")
     full = [
         statistics.median(r[2]["full collections"] for r in rounds) for rounds in (plains, traceds)
     ]
     print(f"full collections per round (median): {full[0]:.0f} -> {full[1]:.0f}")
-    if isinstance(exporter, DiscardingExporter):
-        print(f"spans exported: {exporter.count}")
 
 
 if __name__ == "__main__":
