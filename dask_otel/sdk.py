@@ -432,9 +432,10 @@ def _count_queue_drops(processor: Any, signal: str) -> None:
 # queue they live long enough (until a batch is ready) to reach its oldest generation, and
 # every few thousand of them trigger a full collection: a walk over all of Dask's own
 # objects, a large part of a second on a scheduler holding a large graph. The processor
-# dask-otel configures queues each span as one flat tuple of plain values instead (its
-# attribute dicts and everything else in it untracked), and builds the ReadableSpan again
-# for the exporter, field for field as OTLP encodes it.
+# dask-otel configures queues each span as one flat tuple of plain values instead (the
+# tuple is the one object the collector tracks: its attribute dicts and everything else
+# in it are not), and builds the ReadableSpan again for the exporter, field for field as
+# OTLP encodes it.
 
 #: A queued span: name, trace id, span id, flags, trace state, parent (span id, or None
 #: for a root; its remote flag), resource and scope (by number), kind, attributes, events,
@@ -511,7 +512,8 @@ class _CompactBatchSpanProcessor(BatchSpanProcessor):
 
 
 def compact(span: ReadableSpan, shared: _SharedObjects) -> CompactSpan:
-    """``span`` as one tuple the garbage collector stops tracking (see :func:`rebuild`)."""
+    """``span`` as one tuple whose contents the garbage collector does not track (see
+    :func:`rebuild`): one tracked object per queued span instead of a dozen."""
     context = span.context
     parent = span.parent
     status = span.status
@@ -582,8 +584,8 @@ def rebuild(values: CompactSpan, shared: _SharedObjects) -> ReadableSpan:
 
 
 def span_processor(exporter: SpanExporter, **options: Any) -> BatchSpanProcessor:
-    """A batch span processor for ``exporter``, as dask-otel configures the SDK: queued
-    spans are one untracked-by-GC tuple each, and lost spans are counted.
+    """A batch span processor for ``exporter``, as dask-otel configures the SDK: a queued
+    span is one tuple of plain values (see :func:`compact`), and lost spans are counted.
 
     ``options`` are ``BatchSpanProcessor``'s (``max_queue_size``,
     ``max_export_batch_size``, ``schedule_delay_millis``); unset, the ``OTEL_BSP_*``
