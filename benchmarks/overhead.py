@@ -169,7 +169,7 @@ def thread_group(name: str) -> str:
 
 #: Seconds spent in garbage collection during a round (in whichever thread triggered it,
 #: so also counted in that thread's CPU), and the number of full collections.
-collections: Counter = Counter()
+gc_stats: Counter = Counter()
 _gc_started = [0.0]
 
 
@@ -177,8 +177,8 @@ def _time_gc(phase: str, info: dict) -> None:
     if phase == "start":
         _gc_started[0] = time.perf_counter()
         return
-    collections["gc"] += time.perf_counter() - _gc_started[0]
-    collections["full collections"] += info["generation"] == 2
+    gc_stats["gc"] += time.perf_counter() - _gc_started[0]
+    gc_stats["full collections"] += info["generation"] == 2
 
 
 gc.callbacks.append(_time_gc)
@@ -202,7 +202,7 @@ def one_round(workload: str, tasks: int) -> tuple[float, float, Counter]:
         client.gather(client.map(noop, range(50), pure=False))  # warm up
         gc.collect()
         before = thread_cpu()
-        collections.clear()
+        gc_stats.clear()
         wall, cpu = time.perf_counter(), time.process_time()
         WORKLOADS[workload](client, tasks)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
@@ -212,7 +212,7 @@ def one_round(workload: str, tasks: int) -> tuple[float, float, Counter]:
         # Threads that ended during the round (an emitter thread ends after 1 s idle, e.g.
         # while the client gathers) took the rest of the process's CPU time with them.
         groups["ended"] = max(0.0, cpu - sum(groups.values()))
-        groups.update(collections)
+        groups.update(gc_stats)
         return wall, cpu, groups
 
 
