@@ -59,6 +59,18 @@ class DiscardingLogExporter(LogRecordExporter):
         return True
 
 
+def flush_emitters(c: LocalCluster) -> None:
+    """Let the scheduler's and the workers' emitter threads build what they hold (the
+    workers' ``execute`` spans are built after the fact too)."""
+    plugin = c.scheduler.plugins.get("dask-otel")
+    if plugin is not None and plugin._emitter is not None:
+        plugin._emitter.flush(60)
+    for worker in c.workers.values():
+        tracer = getattr(worker.plugins.get("dask-otel"), "_tracer", None)
+        if tracer is not None:
+            tracer.emitter.flush(60)
+
+
 def noop(i: int, gate: object = None) -> int:
     return i
 
@@ -147,9 +159,7 @@ def computations(count: int, tasks: int, provider: TracerProvider | None) -> lis
             assert total.result() == tasks * (tasks - 1) // 2
             del futures, total
             wait_until(lambda: not scheduler.tasks)
-            plugin = scheduler.plugins.get("dask-otel")
-            if plugin is not None:
-                plugin._emitter.flush(60)
+            flush_emitters(c)
             row = plugin_state(scheduler)
             if provider is not None:  # spans in the SDK's queue hold dask_otel's dicts
                 provider.force_flush()
