@@ -207,8 +207,8 @@ def one_round(workload: str, tasks: int) -> tuple[float, float, Counter]:
         WORKLOADS[workload](client, tasks)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         groups: Counter = Counter()
-        for ident, (name, seconds) in thread_cpu().items():
-            groups[thread_group(name)] += seconds - before.get(ident, (name, 0.0))[1]
+        for tid, (name, seconds) in thread_cpu().items():
+            groups[thread_group(name)] += seconds - before.get(tid, (name, 0.0))[1]
         # Threads that ended during the round (an emitter thread ends after 1 s idle, e.g.
         # while the client gathers) took the rest of the process's CPU time with them.
         groups["ended"] = max(0.0, cpu - sum(groups.values()))

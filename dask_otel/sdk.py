@@ -445,6 +445,10 @@ def _count_queue_drops(processor: Any, signal: str) -> None:
 CompactSpan = tuple
 
 
+def _trace_state_values(context: SpanContext) -> tuple | None:
+    return tuple(context.trace_state.items()) if context.trace_state else None
+
+
 def _trace_state(values: tuple | None) -> TraceState | None:
     return TraceState(values) if values else None
 
@@ -522,7 +526,7 @@ def compact(span: ReadableSpan, shared: _SharedObjects) -> CompactSpan:
         context.trace_id,
         context.span_id,
         int(context.trace_flags),
-        tuple(context.trace_state.items()) if context.trace_state else None,
+        _trace_state_values(context),
         parent.span_id if parent is not None else None,
         parent is not None and parent.is_remote,
         shared.number(span.resource),
@@ -543,13 +547,12 @@ def compact(span: ReadableSpan, shared: _SharedObjects) -> CompactSpan:
 
 def _link_values(link: Link) -> tuple:
     context = link.context
-    trace_state = tuple(context.trace_state.items()) if context.trace_state else None
     return (
         context.trace_id,
         context.span_id,
         context.is_remote,
         int(context.trace_flags),
-        trace_state,
+        _trace_state_values(context),
         _plain(link.attributes),
     )
 
