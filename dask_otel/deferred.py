@@ -3,11 +3,12 @@
 A worker's ``execute`` span must be current while its task runs: user spans nest under
 it, user log records carry its ids, ``rpc`` spans see a recording parent, and user code
 may ``set_attribute`` on it. Building it through the SDK costs ~35 us of the worker's
-event loop per task, Dask's bottleneck. A :class:`DeferredSpan` costs a few
-microseconds: it draws its span id up front (so children name their parent at once),
-keeps whatever is done to it as calls, and :meth:`DeferredSpan.replay` applies them to
-the real span, started with the same id by :class:`dask_otel.ids.SpanIdSetter`, in a
-background thread once the task is over.
+event loop per task, Dask's bottleneck. A :class:`DeferredSpan` costs a microsecond or
+two: it draws its span id when first asked (children and log records name their parent;
+most tasks have neither, and the emitter asks off the loop), keeps whatever is done to
+it as calls, and :meth:`DeferredSpan.replay` applies them to the real span, started
+with the same id by :class:`dask_otel.ids.SpanIdSetter`, in a background thread once
+the task is over.
 """
 
 from __future__ import annotations
@@ -26,23 +27,20 @@ MAX_CALLS = 512
 
 
 class DeferredSpan(trace.Span):
-    """A recording span with a pre-drawn id whose operations are replayed on a real span.
+    """A recording span, its id drawn once when first asked, whose operations are replayed
+    on a real span.
 
     Its parent is given when the real span is started; only its trace id and flags are
     known here (the parent's). Time-stamped operations (events, exceptions) keep the time
     they were made. ``end`` is ignored: the span ends when the task attempt does.
     """
 
-    __slots__ = ("_calls", "_context")
+    __slots__ = ("_calls", "_context", "_parent")
 
     def __init__(self, parent: trace.SpanContext) -> None:
-        self._context = trace.SpanContext(
-            parent.trace_id,
-            random.getrandbits(64) or 1,  # as the SDK's RandomIdGenerator draws them
-            is_remote=False,
-            trace_flags=parent.trace_flags,
-            trace_state=parent.trace_state,
-        )
+        self._parent = parent
+        #: Drawn on the first ``get_span_context``.
+        self._context: trace.SpanContext | None = None
         #: Made on the first call: most tasks never touch their span.
         self._calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] | None = None
 
@@ -58,7 +56,17 @@ class DeferredSpan(trace.Span):
             getattr(span, name)(*args, **kwargs)
 
     def get_span_context(self) -> trace.SpanContext:
-        return self._context
+        context = self._context
+        if context is None:
+            parent = self._parent
+            context = self._context = trace.SpanContext(
+                parent.trace_id,
+                random.getrandbits(64) or 1,  # as the SDK's RandomIdGenerator draws them
+                is_remote=False,
+                trace_flags=parent.trace_flags,
+                trace_state=parent.trace_state,
+            )
+        return context
 
     def is_recording(self) -> bool:
         return True
@@ -98,4 +106,4 @@ class DeferredSpan(trace.Span):
         self._keep("record_exception", exception, attributes, timestamp or time_ns(), escaped)
 
     def __repr__(self) -> str:
-        return f"DeferredSpan({self._context!r})"
+        return f"DeferredSpan({self.get_span_context()!r})"

@@ -46,7 +46,10 @@ class SpanEmitter:
 
     def submit(self, emit: Callable[..., None], *args: Any) -> None:
         """Call ``emit(*args)`` in the background thread, after everything before it."""
-        self._pending.append((emit, args))
+        # One tuple per call: everything queued outlives a young garbage collection or two
+        # and ages into the oldest generation, where each object brings the next full
+        # collection (a walk over Dask's whole heap) a little closer.
+        self._pending.append((emit, *args))
         if self._thread is None:
             self._start()
 
@@ -66,7 +69,7 @@ class SpanEmitter:
             self.flush(timeout)
             return
         while self._pending:  # no thread (or no new thread at exit): emit right here
-            self._emit(*self._pending.popleft())
+            self._emit(self._pending.popleft())
 
     def _start(self) -> None:
         with self._lock:
@@ -82,14 +85,14 @@ class SpanEmitter:
             self._wake.clear()
             idle = 0 if pending else idle + 1
             while pending:
-                self._emit(*pending.popleft())
+                self._emit(pending.popleft())
             if idle >= self._idle_rounds and self._retire():
                 return
 
     @staticmethod
-    def _emit(emit: Callable[..., None], args: tuple[Any, ...]) -> None:
+    def _emit(call: tuple[Any, ...]) -> None:
         try:
-            emit(*args)
+            call[0](*call[1:])
         except Exception:
             report_once(logger, "emit", "dask-otel: building a span failed (said once)")
 

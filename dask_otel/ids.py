@@ -107,9 +107,14 @@ def thinned(value: object) -> bool:
     return isinstance(value, str) and value.endswith(THINNED)
 
 
-@functools.lru_cache(maxsize=1024)
+#: Carriers parsed and kept: every task of a graph carries the same one, so this is the
+#: number of graphs (sampled and thinned variants apart) a process can work on at once
+#: without parsing again. Each entry holds ~0.3 kB until evicted.
+DECODED_CARRIERS = 64
+
+
+@functools.lru_cache(maxsize=DECODED_CARRIERS)
 def _decode_traceparent(value: str) -> trace.SpanContext | None:
-    # Every task of a graph carries the same value: parse it once per process.
     span_context = trace.get_current_span(
         _propagator.extract({"traceparent": value.removesuffix(THINNED)})
     ).get_span_context()

@@ -456,7 +456,14 @@ def _trace_state(values: tuple | None) -> TraceState | None:
 def _plain(attributes: Any) -> dict | None:
     """(Already cleaned) attributes as a plain dict, which the collector does not track
     while its values are scalars or tuples of them."""
-    return dict(attributes) if attributes else None
+    if not attributes:
+        return None
+    try:
+        # The SDK's BoundedAttributes (also behind the span's MappingProxyType) copies its
+        # dict at C speed; ``dict()`` would go key by key through the Mapping protocol.
+        return attributes.copy()
+    except AttributeError:
+        return dict(attributes)
 
 
 class _RebuiltSpan(ReadableSpan):
@@ -557,6 +564,14 @@ def _link_values(link: Link) -> tuple:
     )
 
 
+#: Enum members by value: calling an Enum class to look one up costs a microsecond.
+_SPAN_KINDS = {kind.value: kind for kind in SpanKind}
+_STATUS_CODES = {code.value: code for code in StatusCode}
+#: The status of almost every span, shared (a Status is immutable).
+_UNSET = Status(StatusCode.UNSET)
+_UNSET_CODE = StatusCode.UNSET.value
+
+
 def rebuild(values: CompactSpan, shared: _SharedObjects) -> ReadableSpan:
     """The ReadableSpan :func:`compact` made ``values`` of."""
     (name, trace_id, span_id, flags, trace_state, parent_id, parent_remote) = values[:7]
@@ -564,6 +579,11 @@ def rebuild(values: CompactSpan, shared: _SharedObjects) -> ReadableSpan:
     start, end, *dropped = values[15:]
     trace_flags = TraceFlags(flags)
     state = _trace_state(trace_state)
+    status = (
+        _UNSET
+        if code == _UNSET_CODE and description is None
+        else Status(_STATUS_CODES[code], description)
+    )
     return _RebuiltSpan(
         tuple(dropped),  # type: ignore[arg-type]
         name=name,
@@ -579,8 +599,8 @@ def rebuild(values: CompactSpan, shared: _SharedObjects) -> ReadableSpan:
             Link(SpanContext(t, s, r, TraceFlags(f), _trace_state(ts)), a)
             for t, s, r, f, ts, a in links
         ),
-        kind=SpanKind(kind),
-        status=Status(StatusCode(code), description),
+        kind=_SPAN_KINDS[kind],
+        status=status,
         start_time=start,
         end_time=end,
     )

@@ -41,6 +41,7 @@ def test_it_is_a_recording_child_of_the_parents_trace():
     assert context.span_id not in (0, PARENT.span_id)
     assert context.trace_flags.sampled and not context.is_remote
     assert DeferredSpan(PARENT).get_span_context().span_id != context.span_id
+    assert deferred.get_span_context() == context  # drawn once
 
 
 def test_everything_done_to_it_is_replayed_in_order_with_its_times():

@@ -29,7 +29,7 @@ def plugin_state(dask_scheduler) -> dict[str, int]:
         "graphs": len(plugin._graphs),
         # Not the export of this very call's own event (submitted while it is made).
         "emitter backlog": sum(
-            1 for emit, _ in plugin._emitter._pending if emit != plugin._events.emit
+            1 for emit, *_ in plugin._emitter._pending if emit != plugin._events.emit
         ),
         # Not the event of this very call (logged just before it runs, exported next).
         "pending events": sum(

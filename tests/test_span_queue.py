@@ -9,10 +9,11 @@ for the exporter: what the exporter receives must be the span, field for field.
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator, Mapping
 
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
@@ -126,6 +127,33 @@ def test_queued_spans_hold_no_objects_the_collector_tracks():
         assert not [v for v in values if gc.is_tracked(v)]
     provider.shutdown()
     assert len(exporter.spans) == 3
+
+
+class ReadOnlyAttributes(Mapping):
+    """A Mapping with no ``copy``, unlike the SDK's own attributes."""
+
+    def __init__(self, **values: object) -> None:
+        self._values = values
+
+    def __getitem__(self, key: str) -> object:
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+def test_a_span_the_sdk_did_not_make_is_queued_too():
+    exporter = Keeping()
+    processor = sdk.span_processor(exporter)
+    sampled = SpanContext(1, 2, is_remote=False, trace_flags=TraceFlags(1))
+    processor.on_end(ReadableSpan("by hand", context=sampled, attributes=ReadOnlyAttributes(k="v")))
+    processor.force_flush()
+    (span,) = exporter.spans
+    assert (span.name, dict(span.attributes)) == ("by hand", {"k": "v"})
+    processor.shutdown()
 
 
 def test_unsampled_spans_are_not_queued():
