@@ -21,6 +21,9 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.util import types
 
+from dask_otel import errors, ids
+from dask_otel.emitter import SpanEmitter
+
 #: Calls kept per span (the SDK keeps at most 128 attributes, events and links anyway):
 #: user code calling ``set_attribute`` in a loop must not grow a task's memory.
 MAX_CALLS = 512
@@ -107,3 +110,47 @@ class DeferredSpan(trace.Span):
 
     def __repr__(self) -> str:
         return f"DeferredSpan({self.get_span_context()!r})"
+
+
+class EndedSpans:
+    """Spans of work that is over by the time they are recorded (data sent to a peer, a
+    key spilled or read back): nothing nests under them, so the event loop keeps a
+    timestamp and a dict, and the SDK builds the span in an emitter's thread."""
+
+    def __init__(self, tracer: trace.Tracer, emitter: SpanEmitter, limit: int) -> None:
+        self._tracer = tracer
+        self._emitter = emitter
+        self._limit = limit
+
+    def submit(
+        self,
+        name: str,
+        parent: tuple[trace.SpanContext, str],
+        kind: trace.SpanKind,
+        times: tuple[int, int],
+        attributes: dict[str, Any],
+        error: BaseException | None = None,
+    ) -> None:
+        """A span ``name`` under the ``task`` span of ``parent`` (carrier, key), from
+        ``times`` (start, end); ``error`` makes it an ERROR span with its ``exception``."""
+        self._emitter.submit(self._build, name, parent, kind, times, attributes, error)
+
+    def _build(
+        self,
+        name: str,
+        parent: tuple[trace.SpanContext, str],
+        kind: trace.SpanKind,
+        times: tuple[int, int],
+        attributes: dict[str, Any],
+        error: BaseException | None,
+    ) -> None:
+        span = self._tracer.start_span(
+            name,
+            context=ids.task_context(*parent),
+            kind=kind,
+            start_time=times[0],
+            attributes=attributes,
+        )
+        if error is not None:
+            errors.record_exception(span, error, None, None, self._limit, timestamp=times[1])
+        span.end(times[1])

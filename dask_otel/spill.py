@@ -14,12 +14,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, MutableMapping
 from contextvars import ContextVar
+from time import time_ns
 from typing import TYPE_CHECKING, Any
 
 from distributed.spill import PickleError, SpillBuffer
 from opentelemetry import trace
 
-from dask_otel import errors, ids
+from dask_otel import ids
+from dask_otel.deferred import EndedSpans
 from dask_otel.report import report_once
 
 if TYPE_CHECKING:
@@ -33,14 +35,18 @@ _reason: ContextVar[str] = ContextVar("dask_otel_spill_reason", default="target"
 
 
 class TracedDisk(MutableMapping):
-    """The spill buffer's disk mapping, with a span per key written or read."""
+    """The spill buffer's disk mapping, with a span per key written or read.
+
+    Spills and unspills run on the event loop and nothing nests under their spans: the
+    loop notes the times and sizes, the worker's emitter builds the spans.
+    """
 
     def __init__(
-        self, disk: Any, worker: Worker, tracer: trace.Tracer, attributes: dict, limit: int
+        self, disk: Any, worker: Worker, spans: EndedSpans, attributes: dict, limit: int
     ) -> None:
         self.disk = disk
         self.worker = worker
-        self.tracer = tracer
+        self.spans = spans
         self.attributes = attributes
         self.limit = limit
 
@@ -61,38 +67,37 @@ class TracedDisk(MutableMapping):
         del self.disk[key]
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        span = self._start("spill", key, {"dask.spill.reason": _reason.get()})
-        if span is None:
+        started = self._start("spill", key, {"dask.spill.reason": _reason.get()})
+        if started is None:
             self.disk[key] = value
             return
-        with _SpillScope(span, self.limit):
+        with _SpillScope(self, key, *started):
             self.disk[key] = value
-            self._sizes(span, key)
 
     def __getitem__(self, key: Any) -> Any:
-        span = self._start("unspill", key, {})
-        if span is None:
+        started = self._start("unspill", key, {})
+        if started is None:
             return self.disk[key]
-        with _SpillScope(span, self.limit):
-            self._sizes(span, key)
+        with _SpillScope(self, key, *started):
             return self.disk[key]
 
-    def _start(self, operation: str, key: Any, attributes: dict) -> trace.Span | None:
-        """A span if the task that produced ``key`` is traced, else None."""
+    def _start(
+        self, operation: str, key: Any, attributes: dict
+    ) -> tuple[str, tuple[trace.SpanContext, str], dict[str, Any]] | None:
+        """(span name, parent, attributes) if the task that produced ``key`` is traced."""
         try:
             ts = self.worker.state.tasks.get(key)
             traced = ids.traced_task(ts.annotations, key) if ts is not None else None
             if traced is None:
                 return None
-            carrier, key_str = traced
             prefix = ids.cap(ts.prefix, self.limit)  # type: ignore[union-attr]
-            return self.tracer.start_span(
+            return (
                 f"{operation} {prefix}",
-                context=ids.task_context(carrier, key_str),
-                attributes={
+                traced,
+                {
                     **self.attributes,
                     **attributes,
-                    "dask.task.key": ids.cap(key_str, self.limit),
+                    "dask.task.key": ids.cap(traced[1], self.limit),
                     "dask.task.prefix": prefix,
                 },
             )
@@ -100,36 +105,46 @@ class TracedDisk(MutableMapping):
             _tracing_failed()
             return None
 
-    def _sizes(self, span: trace.Span, key: Any) -> None:
+    def sizes(self, key: Any, attributes: dict[str, Any]) -> None:
         """Bytes in memory (Dask's ``sizeof``) and on disk, as Dask measured them."""
         try:
             weight = self.disk.weight_by_key.get(key)
             if weight is not None:
-                span.set_attribute("dask.spill.bytes", weight.memory)
-                span.set_attribute("dask.spill.disk_bytes", weight.disk)
+                attributes["dask.spill.bytes"] = weight.memory
+                attributes["dask.spill.disk_bytes"] = weight.disk
         except Exception:
             _tracing_failed()
 
 
 class _SpillScope:
-    """Ends a spill span; a failure (unpicklable data, disk full, max-spill) is an ERROR."""
+    """Times one spill or unspill and hands its span to the emitter; a failure
+    (unpicklable data, disk full, max-spill) makes it an ERROR span."""
 
-    def __init__(self, span: trace.Span, limit: int) -> None:
-        self.span = span
-        self.limit = limit
+    def __init__(
+        self,
+        disk: TracedDisk,
+        key: Any,
+        name: str,
+        parent: tuple[trace.SpanContext, str],
+        attributes: dict[str, Any],
+    ) -> None:
+        self.disk = disk
+        self.key = key
+        self.name = name
+        self.parent = parent
+        self.attributes = attributes
 
     def __enter__(self) -> None:
-        return None
+        self.start = time_ns()
 
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
-        try:
-            if exc is not None:
-                # Dask wraps a pickling failure; the cause says what could not be pickled.
-                cause = exc.__cause__ if isinstance(exc, PickleError) else None
-                errors.record_exception(self.span, cause or exc, None, None, self.limit)
-            self.span.end()
-        except Exception:
-            _tracing_failed()
+        times = (self.start, time_ns())
+        self.disk.sizes(self.key, self.attributes)
+        # Dask wraps a pickling failure; the cause says what could not be pickled.
+        cause = exc.__cause__ if isinstance(exc, PickleError) else None
+        self.disk.spans.submit(
+            self.name, self.parent, trace.SpanKind.INTERNAL, times, self.attributes, cause or exc
+        )
 
 
 def _tracing_failed() -> None:
@@ -139,11 +154,11 @@ def _tracing_failed() -> None:
 class SpillTracer:
     """Puts :class:`TracedDisk` into one worker's spill buffer and labels why it spills."""
 
-    def __init__(self, worker: Worker, tracer: trace.Tracer, attributes: dict, limit: int):
+    def __init__(self, worker: Worker, spans: EndedSpans, attributes: dict, limit: int):
         self.worker = worker
         self.buffer = worker.data
         self.cache = self.buffer.slow
-        self.disk = TracedDisk(self.cache.data, worker, tracer, attributes, limit)
+        self.disk = TracedDisk(self.cache.data, worker, spans, attributes, limit)
         self.manager = worker.memory_manager
         self.original_evict = self.buffer.evict
         self.original_maybe_spill = self.manager._maybe_spill

@@ -32,7 +32,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from dask_otel import errors, ids, logs, metrics, rpc, telemetry
 from dask_otel.activation import activate
-from dask_otel.deferred import DeferredSpan
+from dask_otel.deferred import DeferredSpan, EndedSpans
 from dask_otel.emitter import SpanEmitter, drain
 from dask_otel.report import report_once
 from dask_otel.spill import SpillTracer
@@ -163,13 +163,15 @@ class TransferTracer(_InstancePatch):
 
 
 class GetDataTracer:
-    """``get_data`` spans: this worker sending data to a peer, in the producer's trace."""
+    """``get_data`` spans: this worker sending data to a peer, in the producer's trace.
 
-    def __init__(self, worker: Worker, tracer: trace.Tracer, attributes: dict, limit: int) -> None:
+    Nothing nests under them: the event loop notes the times, the emitter builds them.
+    """
+
+    def __init__(self, worker: Worker, spans: EndedSpans, attributes: dict) -> None:
         self.worker = worker
-        self.tracer = tracer
+        self.spans = spans
         self.attributes = attributes
-        self.limit = limit
         self.original = worker.handlers["get_data"]
         # Dask reads a handler's signature (``comm`` first, ``serializers`` accepted):
         # the handler it calls shows the original's.
@@ -184,25 +186,32 @@ class GetDataTracer:
 
     async def get_data(self, comm: Any, **kwargs: Any) -> Any:
         try:
-            span = self._start(comm, kwargs.get("keys") or (), kwargs.get("who"))
+            started = self._start(comm, kwargs.get("keys") or (), kwargs.get("who"))
         except Exception:
             _tracing_failed()
-            span = None
-        if span is None:
+            started = None
+        if started is None:
             return await self.original(comm, **kwargs)
+        produced, attributes = started
+        start = time_ns()
+        error = None
         try:
             result = await self.original(comm, **kwargs)
         except BaseException as e:
-            errors.record_exception(span, e, None, None, self.limit)
+            error = e
             raise
         else:
             if isinstance(result, dict) and result.get("status") == "busy":
-                span.set_attribute("dask.transfer.outcome", "busy")
+                attributes["dask.transfer.outcome"] = "busy"
             return result
         finally:
-            span.end()
+            times = (start, time_ns())
+            self.spans.submit("get_data", produced, SpanKind.SERVER, times, attributes, error)
 
-    def _start(self, comm: Any, keys: Any, who: str | None) -> trace.Span | None:
+    def _start(
+        self, comm: Any, keys: Any, who: str | None
+    ) -> tuple[tuple[trace.SpanContext, str], dict[str, Any]] | None:
+        """(the traced task whose data is sent, the span's attributes), or None."""
         tasks = self.worker.state.tasks
         produced = None
         nbytes = 0
@@ -215,18 +224,13 @@ class GetDataTracer:
         if produced is None:
             return None
         peer = who or getattr(comm, "peer_address", "")
-        return self.tracer.start_span(
-            "get_data",
-            context=ids.task_context(*produced),
-            kind=SpanKind.SERVER,
-            attributes={
-                **self.attributes,
-                "dask.peer.address": peer,
-                **rpc.peer_attributes(peer, "network.peer"),
-                "dask.transfer.keys": len(keys),
-                "dask.transfer.bytes": nbytes,
-            },
-        )
+        return produced, {
+            **self.attributes,
+            "dask.peer.address": peer,
+            **rpc.peer_attributes(peer, "network.peer"),
+            "dask.transfer.keys": len(keys),
+            "dask.transfer.bytes": nbytes,
+        }
 
 
 class _Attempt:
@@ -449,10 +453,11 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
         ]
         tracer = self._tracer.tracer
         limit = settings.max_attribute_length
+        ended = EndedSpans(tracer, self._tracer.emitter, limit)
         if settings.transfer_spans:
-            self._patches.append(GetDataTracer(worker, tracer, attributes, limit))
+            self._patches.append(GetDataTracer(worker, ended, attributes))
         if settings.spill_spans and SpillTracer.applies(worker):
-            self._patches.append(SpillTracer(worker, tracer, attributes, limit))
+            self._patches.append(SpillTracer(worker, ended, attributes, limit))
         for patch in self._patches:
             patch.install()
         self._handlers = rpc.trace_handlers(worker, tracer, settings)
