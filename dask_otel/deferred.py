@@ -1,4 +1,4 @@
-"""A span that is current and recording now, and built by the SDK later, off the event loop.
+"""Spans recorded on the event loop now and built by the SDK later, off the loop.
 
 A worker's ``execute`` span must be current while its task runs: user spans nest under
 it, user log records carry its ids, ``rpc`` spans see a recording parent, and user code
@@ -8,7 +8,8 @@ two: it draws its span id when first asked (children and log records name their 
 most tasks have neither, and the emitter asks off the loop), keeps whatever is done to
 it as calls, and :meth:`DeferredSpan.replay` applies them to the real span, started
 with the same id by :class:`dask_otel.ids.SpanIdSetter`, in a background thread once
-the task is over.
+the task is over. :class:`EndedSpans` is the simpler case of work that is over before
+anyone could nest under it (data sent to a peer, a key spilled): times and attributes.
 """
 
 from __future__ import annotations
@@ -122,20 +123,11 @@ class EndedSpans:
         self._emitter = emitter
         self._limit = limit
 
-    def submit(
-        self,
-        name: str,
-        parent: tuple[trace.SpanContext, str],
-        kind: trace.SpanKind,
-        times: tuple[int, int],
-        attributes: dict[str, Any],
-        error: BaseException | None = None,
-    ) -> None:
-        """A span ``name`` under the ``task`` span of ``parent`` (carrier, key), from
-        ``times`` (start, end); ``error`` makes it an ERROR span with its ``exception``."""
-        self._emitter.submit(self._build, name, parent, kind, times, attributes, error)
+    def submit(self, *span: Any) -> None:
+        """:meth:`build` ``span`` in the emitter's thread, after what was submitted before."""
+        self._emitter.submit(self.build, *span)
 
-    def _build(
+    def build(
         self,
         name: str,
         parent: tuple[trace.SpanContext, str],
@@ -144,6 +136,8 @@ class EndedSpans:
         attributes: dict[str, Any],
         error: BaseException | None,
     ) -> None:
+        """A span ``name`` under the ``task`` span of ``parent`` (carrier, key), from
+        ``times`` (start, end); ``error`` makes it an ERROR span with its ``exception``."""
         span = self._tracer.start_span(
             name,
             context=ids.task_context(*parent),

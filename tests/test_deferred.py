@@ -1,4 +1,5 @@
-"""DeferredSpan: current and recording on the event loop, replayed on the real span later."""
+"""DeferredSpan: current and recording on the event loop, replayed on the real span later;
+EndedSpans: spans of finished work, built by an emitter from times and attributes."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Status, StatusCode
 
 from dask_otel import ids
-from dask_otel.deferred import MAX_CALLS, DeferredSpan
+from dask_otel.deferred import MAX_CALLS, DeferredSpan, EndedSpans
+from dask_otel.emitter import SpanEmitter
 
 PARENT = trace.SpanContext(0x1234, 0x5678, is_remote=True, trace_flags=trace.TraceFlags(1))
 
@@ -88,3 +90,30 @@ def test_calls_are_bounded():
     # The first MAX_CALLS were kept; of those, the SDK keeps its own limit (the latest).
     assert len(span.events) == min(MAX_CALLS, 128)
     assert span.events[-1].name == f"e{MAX_CALLS - 1}"
+
+
+def test_ended_spans_are_built_in_the_emitter_under_the_task_span():
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    emitter = SpanEmitter("test-ended-spans")
+    spans = EndedSpans(provider.get_tracer("test"), emitter, limit=64)
+    spans.submit("get_data", (PARENT, "x-1"), trace.SpanKind.SERVER, (100, 200), {"n": 1}, None)
+    failure = OSError("disk full")
+    spans.submit("spill x", (PARENT, "x-1"), trace.SpanKind.INTERNAL, (300, 400), {}, failure)
+    assert not exporter.get_finished_spans()  # nothing built by the caller
+    assert emitter.flush(10)
+    sent, spilled = exporter.get_finished_spans()
+    assert (sent.name, sent.kind, sent.start_time, sent.end_time) == (
+        "get_data",
+        trace.SpanKind.SERVER,
+        100,
+        200,
+    )
+    assert sent.parent.span_id == ids.task_span_id(PARENT, "x-1")
+    assert sent.context.trace_id == PARENT.trace_id and dict(sent.attributes) == {"n": 1}
+    assert sent.status.status_code is StatusCode.UNSET
+    assert spilled.status.status_code is StatusCode.ERROR
+    (event,) = spilled.events
+    assert (event.name, event.timestamp) == ("exception", 400)
+    assert event.attributes["exception.type"] == "OSError"
