@@ -8,8 +8,8 @@ two: it draws its span id when first asked (children and log records name their 
 most tasks have neither, and the emitter asks off the loop), keeps whatever is done to
 it as calls, and :meth:`DeferredSpan.replay` applies them to the real span, started
 with the same id by :class:`dask_otel.ids.SpanIdSetter`, in a background thread once
-the task is over. :class:`EndedSpans` is the simpler case of work that is over before
-anyone could nest under it (data sent to a peer, a key spilled): times and attributes.
+the task is over. :class:`EndedSpans` builds the spans of other work on a worker's loop
+(transfers, spills) the same way, from times and attributes.
 """
 
 from __future__ import annotations
@@ -114,12 +114,13 @@ class DeferredSpan(trace.Span):
 
 
 class EndedSpans:
-    """Spans of work that is over by the time they are recorded (data sent to a peer, a
-    key spilled or read back): nothing nests under them, so the event loop keeps a
-    timestamp and a dict, and the SDK builds the span in an emitter's thread."""
+    """Spans of work that is over by the time they are built (data sent to or fetched from
+    a peer, a key spilled or read back): the event loop keeps times and a dict (and the
+    :class:`DeferredSpan` that was current, if something could nest under it), and the
+    SDK builds the span in an emitter's thread."""
 
     def __init__(self, tracer: trace.Tracer, emitter: SpanEmitter, limit: int) -> None:
-        self._tracer = tracer
+        self._ids = ids.SpanIdSetter(tracer)
         self._emitter = emitter
         self._limit = limit
 
@@ -135,16 +136,24 @@ class EndedSpans:
         times: tuple[int, int],
         attributes: dict[str, Any],
         error: BaseException | None,
+        links: list[tuple[trace.SpanContext, str]] | None = None,
+        deferred: DeferredSpan | None = None,
     ) -> None:
         """A span ``name`` under the ``task`` span of ``parent`` (carrier, key), from
-        ``times`` (start, end); ``error`` makes it an ERROR span with its ``exception``."""
-        span = self._tracer.start_span(
+        ``times`` (start, end); ``error`` makes it an ERROR span with its ``exception``.
+        ``links``: (carrier, key) of other tasks' ``task`` spans it served. ``deferred``:
+        the span that was current meanwhile, whose id and recorded calls it takes."""
+        span = self._ids.start_span(
+            deferred.get_span_context().span_id if deferred is not None else None,
             name,
             context=ids.task_context(*parent),
             kind=kind,
             start_time=times[0],
             attributes=attributes,
+            links=[ids.task_link(c, k, "served") for c, k in links or ()],
         )
+        if deferred is not None:
+            deferred.replay(span)
         if error is not None:
             errors.record_exception(span, error, None, None, self._limit, timestamp=times[1])
         span.end(times[1])

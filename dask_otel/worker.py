@@ -76,7 +76,9 @@ class TransferTracer(_InstancePatch):
     """``transfer`` spans and metrics for every dependency fetch (``gather_dep``).
 
     The span joins the trace of a task whose inputs it fetched (its ``task`` span is the
-    deterministic parent); the other tasks it served are links.
+    deterministic parent); the other tasks it served are links. While the fetch runs a
+    :class:`DeferredSpan` is current (the ``rpc`` spans of the fetch nest under it); the
+    worker's emitter builds the span when it is over.
     """
 
     name = "gather_dep"
@@ -90,13 +92,13 @@ class TransferTracer(_InstancePatch):
     def __init__(
         self,
         worker: Worker,
-        tracer: trace.Tracer,
+        spans: EndedSpans,
         sources: metrics.Sources,
         attributes: dict,
         settings: Settings,
     ) -> None:
         super().__init__(worker)
-        self.tracer = tracer
+        self.spans = spans
         self.sources = sources
         self.attributes = attributes
         self.settings = settings
@@ -106,15 +108,18 @@ class TransferTracer(_InstancePatch):
     ) -> Any:
         start = perf_counter()
         try:
-            span = self._start(worker, to_gather, total_nbytes)
+            started = self._start(worker, to_gather, total_nbytes)
         except Exception:
             _tracing_failed()
-            span = None
-        token = context.attach(trace.set_span_in_context(span)) if span is not None else None
+            started = None
+        if started is not None:
+            span = DeferredSpan(started[0][0])
+            token = context.attach(trace.set_span_in_context(span))
+            start_ns = time_ns()
         try:
             result = await self.original(worker, to_gather, total_nbytes, stimulus_id=stimulus_id)
         finally:
-            if token is not None:
+            if started is not None:
                 context.detach(token)
         outcome = self.OUTCOMES.get(type(result), "other")
         attributes = {**self.attributes, "dask.transfer.outcome": outcome}
@@ -122,16 +127,24 @@ class TransferTracer(_InstancePatch):
             self.sources.transfer_duration.record(perf_counter() - start, attributes)
             if outcome == "success":
                 self.sources.transfer_received.record(total_nbytes, attributes)
-            if span is not None:
-                span.set_attribute("dask.transfer.outcome", outcome)
+            if started is not None:
+                parent, links, span_attributes = started
+                span_attributes["dask.transfer.outcome"] = outcome
                 if outcome in ("network_failure", "error"):
                     span.set_status(Status(StatusCode.ERROR, outcome))
-                span.end()
+                times = (start_ns, time_ns())
+                self.spans.submit(
+                    "transfer", parent, SpanKind.CLIENT, times, span_attributes, None, links, span
+                )
         except Exception:
             _tracing_failed()
         return result
 
-    def _start(self, peer: str, keys: Any, nbytes: int) -> trace.Span | None:
+    def _start(
+        self, peer: str, keys: Any, nbytes: int
+    ) -> tuple[tuple[trace.SpanContext, str], list, dict[str, Any]] | None:
+        """(the traced task whose inputs are fetched, the others served, the span's
+        attributes), or None."""
         if not self.settings.transfer_spans:
             return None  # the metrics above are still recorded
         served = []
@@ -146,13 +159,10 @@ class TransferTracer(_InstancePatch):
                 break
         if not served:
             return None
-        (carrier, key), others = served[0], served[1 : self.settings.max_task_links + 1]
-        return self.tracer.start_span(
-            "transfer",
-            context=ids.task_context(carrier, key),
-            kind=SpanKind.CLIENT,
-            links=[ids.task_link(c, k, "served") for c, k in others],
-            attributes={
+        return (
+            served[0],
+            served[1 : self.settings.max_task_links + 1],
+            {
                 **self.attributes,
                 "dask.peer.address": peer,
                 **rpc.peer_attributes(peer, "network.peer"),
@@ -447,13 +457,13 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
             worker, self._providers.tracer(), sources.task_duration, settings
         )
         attributes = self._tracer.static_attributes
-        self._patches = [
-            self._tracer,
-            TransferTracer(worker, self._tracer.tracer, sources, attributes, settings),
-        ]
         tracer = self._tracer.tracer
         limit = settings.max_attribute_length
         ended = EndedSpans(tracer, self._tracer.emitter, limit)
+        self._patches = [
+            self._tracer,
+            TransferTracer(worker, ended, sources, attributes, settings),
+        ]
         if settings.transfer_spans:
             self._patches.append(GetDataTracer(worker, ended, attributes))
         if settings.spill_spans and SpillTracer.applies(worker):

@@ -92,12 +92,16 @@ def test_calls_are_bounded():
     assert span.events[-1].name == f"e{MAX_CALLS - 1}"
 
 
-def test_ended_spans_are_built_in_the_emitter_under_the_task_span():
+def ended_spans() -> tuple[EndedSpans, SpanEmitter, InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     emitter = SpanEmitter("test-ended-spans")
-    spans = EndedSpans(provider.get_tracer("test"), emitter, limit=64)
+    return EndedSpans(provider.get_tracer("test"), emitter, limit=64), emitter, exporter
+
+
+def test_ended_spans_are_built_in_the_emitter_under_the_task_span():
+    spans, emitter, exporter = ended_spans()
     spans.submit("get_data", (PARENT, "x-1"), trace.SpanKind.SERVER, (100, 200), {"n": 1}, None)
     failure = OSError("disk full")
     spans.submit("spill x", (PARENT, "x-1"), trace.SpanKind.INTERNAL, (300, 400), {}, failure)
@@ -117,3 +121,20 @@ def test_ended_spans_are_built_in_the_emitter_under_the_task_span():
     (event,) = spilled.events
     assert (event.name, event.timestamp) == ("exception", 400)
     assert event.attributes["exception.type"] == "OSError"
+
+
+def test_an_ended_span_takes_the_id_and_calls_of_the_span_current_meanwhile():
+    spans, emitter, exporter = ended_spans()
+    current = DeferredSpan(PARENT)  # what a transfer's rpc spans nested under
+    current.set_status(Status(StatusCode.ERROR, "network_failure"))
+    served = [(PARENT, "y-2")]
+    spans.submit(
+        "transfer", (PARENT, "x-1"), trace.SpanKind.CLIENT, (1, 2), {}, None, served, current
+    )
+    assert emitter.flush(10)
+    (transfer,) = exporter.get_finished_spans()
+    assert transfer.context.span_id == current.get_span_context().span_id
+    assert transfer.status.status_code is StatusCode.ERROR
+    (link,) = transfer.links
+    assert link.context.span_id == ids.task_span_id(PARENT, "y-2")
+    assert dict(link.attributes) == {"dask.link": "served"}
