@@ -72,10 +72,17 @@ class SpanEmitter:
             self._emit(self._pending.popleft())
 
     def _start(self) -> None:
+        """Start the thread; if the interpreter cannot (out of threads), say so once and
+        keep the backlog for the next ``submit`` to try again: never fail the caller."""
         with self._lock:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-                self._thread.start()
+                thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                try:
+                    thread.start()
+                except RuntimeError as e:
+                    report_once(logger, "emitter start", "dask-otel: no thread for spans: %r", e)
+                    return
+                self._thread = thread
 
     def _run(self) -> None:
         pending = self._pending

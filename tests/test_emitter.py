@@ -46,3 +46,21 @@ def test_submissions_racing_the_thread_ending_are_never_lost():
             time.sleep(0.002)  # let the thread go idle and retire now and then
     assert emitter.flush(10)
     assert seen == list(range(2000))
+
+
+def test_no_thread_to_start_fails_no_caller_and_the_next_submit_tries_again(monkeypatch, caplog):
+    start = threading.Thread.start
+
+    def out_of_threads(thread: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    emitter = SpanEmitter("test-emitter-no-thread")
+    seen: list[int] = []
+    monkeypatch.setattr(threading.Thread, "start", out_of_threads)
+    emitter.submit(seen.append, 1)  # a task's finally, a transfer's end: must not raise
+    assert not emitter_threads("test-emitter-no-thread")
+    assert "no thread for spans" in caplog.text
+    monkeypatch.setattr(threading.Thread, "start", start)
+    emitter.submit(seen.append, 2)
+    assert emitter.flush(5)
+    assert seen == [1, 2]  # the backlog was kept
