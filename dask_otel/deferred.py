@@ -115,23 +115,24 @@ class DeferredSpan(trace.Span):
 
 class EndedSpans:
     """Spans of work that is over by the time they are built (data sent to or fetched from
-    a peer, a key spilled or read back): the event loop keeps times and a dict (and the
-    :class:`DeferredSpan` that was current, if something could nest under it), and the
-    SDK builds the span in an emitter's thread."""
+    a peer, a key spilled or read back, a request answered): the event loop keeps times
+    and a dict (and the :class:`DeferredSpan` that was current, if something could nest
+    under it), and the SDK builds the span in an emitter's thread."""
 
     def __init__(self, tracer: trace.Tracer, emitter: SpanEmitter, limit: int) -> None:
         self._ids = ids.SpanIdSetter(tracer)
-        self._emitter = emitter
+        #: The thread that builds them; the owner may submit other work to it.
+        self.emitter = emitter
         self._limit = limit
 
     def submit(self, *span: Any) -> None:
         """:meth:`build` ``span`` in the emitter's thread, after what was submitted before."""
-        self._emitter.submit(self.build, *span)
+        self.emitter.submit(self.build, *span)
 
     def build(
         self,
         name: str,
-        parent: tuple[trace.SpanContext, str],
+        parent: trace.SpanContext | tuple[trace.SpanContext, str],
         kind: trace.SpanKind,
         times: tuple[int, int],
         attributes: dict[str, Any],
@@ -139,14 +140,17 @@ class EndedSpans:
         links: list[tuple[trace.SpanContext, str]] | None = None,
         deferred: DeferredSpan | None = None,
     ) -> None:
-        """A span ``name`` under the ``task`` span of ``parent`` (carrier, key), from
-        ``times`` (start, end); ``error`` makes it an ERROR span with its ``exception``.
-        ``links``: (carrier, key) of other tasks' ``task`` spans it served. ``deferred``:
-        the span that was current meanwhile, whose id and recorded calls it takes."""
+        """A span ``name`` from ``times`` (start, end) under ``parent``: a span's context
+        (invalid: a root), or (carrier, key) of a task whose ``task`` span is the parent.
+        ``error`` makes it an ERROR span with its ``exception``. ``links``: (carrier, key)
+        of other tasks' ``task`` spans it served. ``deferred``: the span that was current
+        meanwhile, whose id and recorded calls it takes."""
         span = self._ids.start_span(
             deferred.get_span_context().span_id if deferred is not None else None,
             name,
-            context=ids.task_context(*parent),
+            context=trace.set_span_in_context(trace.NonRecordingSpan(parent))
+            if isinstance(parent, trace.SpanContext)
+            else ids.task_context(*parent),
             kind=kind,
             start_time=times[0],
             attributes=attributes,

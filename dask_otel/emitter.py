@@ -9,9 +9,10 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
+import time
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from dask_otel import telemetry
@@ -126,7 +127,9 @@ def _drain_all_at_exit() -> None:
         emitter._drain_at_exit(EXIT_TIMEOUT)
 
 
-def drain(emitter: SpanEmitter, providers: telemetry.Providers, timeout: float) -> None:
-    """Emit what ``emitter`` holds, then export it: each step waits half of ``timeout``."""
-    emitter.flush(timeout / 2)  # its thread ends by itself once idle
+def drain(emitters: Iterable[SpanEmitter], providers: telemetry.Providers, timeout: float) -> None:
+    """Emit what ``emitters`` hold, then export it: each step waits half of ``timeout``."""
+    deadline = time.monotonic() + timeout / 2
+    for emitter in emitters:  # their threads end by themselves once idle
+        emitter.flush(max(0.0, deadline - time.monotonic()))
     telemetry.flush(providers, timeout / 2)

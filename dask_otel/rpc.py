@@ -7,6 +7,8 @@ a traced operation is current (a ``transfer``'s ``get_data`` request, a user's s
 heartbeats above all, costs one check. Handled requests (SERVER spans) are recorded for the
 always-recorded ops: no trace context travels in Dask's messages, so a server cannot tell
 a traced request from any other (``get_data`` has its own span, see ``worker.py``).
+Nothing nests under a request: the event loop notes its parent, times and attributes, and
+this process's ``rpc`` emitter thread builds the span.
 """
 
 from __future__ import annotations
@@ -14,15 +16,17 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+from time import time_ns
 from typing import TYPE_CHECKING, Any
 
 from distributed import core
 from distributed.comm.addressing import get_address_host_port
 from opentelemetry import trace
-from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind
 
-from dask_otel import errors, logs
+from dask_otel import logs
+from dask_otel.deferred import EndedSpans
+from dask_otel.emitter import EXIT_TIMEOUT, SpanEmitter
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -40,13 +44,27 @@ class _State:
     """What the patched ``send_recv`` needs; replaced whole so readers see one snapshot."""
 
     def __init__(self, tracer: trace.Tracer, settings: Settings) -> None:
-        self.tracer = tracer
+        self.spans = ended_spans(tracer, settings)
         self.always = settings.rpc_always_record
         self.never = settings.rpc_never_record
-        self.limit = settings.max_attribute_length
 
 
 _state: _State | None = None
+_emitter: SpanEmitter | None = None
+
+
+def emitter() -> SpanEmitter:
+    """This process's emitter of ``rpc`` spans (one for every client, scheduler and
+    worker in it: a request does not say which of them sent it)."""
+    global _emitter
+    if _emitter is None:
+        _emitter = SpanEmitter(name="dask-otel-rpc-spans")
+    return _emitter
+
+
+def ended_spans(tracer: trace.Tracer, settings: Settings) -> EndedSpans:
+    """Builds ``rpc`` spans with ``tracer`` in this process's ``rpc`` emitter thread."""
+    return EndedSpans(tracer, emitter(), settings.max_attribute_length)
 
 
 def peer_attributes(address: str | None, prefix: str) -> dict[str, Any]:
@@ -68,24 +86,22 @@ def _host_port(address: str) -> tuple[str, int | None]:
         return address, None
 
 
-def _start(state: _State, op: Any, comm: Any) -> trace.Span | None:
-    """The CLIENT span of a request, or None if it is not recorded."""
+def _request(state: _State, op: Any, comm: Any) -> tuple[trace.SpanContext, dict] | None:
+    """(parent, attributes) of a request's CLIENT span, or None if it is not recorded."""
     if op in state.never or not isinstance(op, str):
         return None
-    if op not in state.always and not trace.get_current_span().is_recording():
+    current = trace.get_current_span()
+    if op not in state.always and not current.is_recording():
         return None
     peer = getattr(comm, "peer_address", None)
-    return state.tracer.start_span(
-        f"rpc {op}",
-        kind=SpanKind.CLIENT,
-        attributes={
-            **logs.identity,
-            "rpc.system.name": SYSTEM,
-            "rpc.method": op,
-            **peer_attributes(peer, "server"),
-            **peer_attributes(peer, "network.peer"),
-        },
-    )
+    # Asked now: a transfer's DeferredSpan draws its id here, before any thread builds.
+    return current.get_span_context(), {
+        **logs.identity,
+        "rpc.system.name": SYSTEM,
+        "rpc.method": op,
+        **peer_attributes(peer, "server"),
+        **peer_attributes(peer, "network.peer"),
+    }
 
 
 async def send_recv(
@@ -98,13 +114,13 @@ async def send_recv(
 ) -> Any:
     """``distributed.core.send_recv``, in an ``rpc <op>`` span when the request is traced."""
     state = _state
-    span = None
+    request = None
     if state is not None:
         try:
-            span = _start(state, kwargs.get("op"), comm)
+            request = _request(state, kwargs.get("op"), comm)
         except Exception:
-            span = None  # telemetry never stands between Dask and its peers
-    if span is None:
+            request = None  # telemetry never stands between Dask and its peers
+    if request is None:
         return await _original_send_recv(
             comm, reply=reply, serializers=serializers, deserializers=deserializers, **kwargs
         )
@@ -116,25 +132,33 @@ async def send_recv(
         deserializers=deserializers,
         **kwargs,
     )
-    return await _traced(span, call, state.limit)  # type: ignore[union-attr]
+    parent, attributes = request
+    spans = state.spans  # type: ignore[union-attr]
+    return await _recorded(call, spans, f"rpc {kwargs['op']}", parent, SpanKind.CLIENT, attributes)
 
 
-async def _traced(span: trace.Span, call: Any, limit: int) -> Any:
-    """Await ``call`` and end ``span``; a failure makes it an ERROR. Nothing nests under a
-    request, so the span is not made current (that would cost a context copy each)."""
+async def _recorded(
+    call: Any,
+    spans: EndedSpans,
+    name: str,
+    parent: trace.SpanContext,
+    kind: SpanKind,
+    attributes: dict[str, Any],
+) -> Any:
+    """Await ``call``; then the span ``name`` is built from its times (ERROR if it raised)."""
+    start = time_ns()
+    error = None
     try:
         result = call()
         return await result if inspect.isawaitable(result) else result
     except BaseException as e:
-        errors.record_exception(span, e, None, None, limit)
+        error = e
         raise
     finally:
-        span.end()
+        spans.submit(name, parent, kind, (start, time_ns()), attributes, error)
 
 
-def traced_handler(
-    handler: Callable[..., Any], op: str, tracer: trace.Tracer, limit: int
-) -> Callable[..., Any]:
+def traced_handler(handler: Callable[..., Any], op: str, spans: EndedSpans) -> Callable[..., Any]:
     """``handler`` in a SERVER span ``rpc <op>``; its signature stays (Dask inspects it)."""
 
     @functools.wraps(handler)
@@ -142,21 +166,18 @@ def traced_handler(
         call = functools.partial(handler, *args, **kwargs)
         comm = args[0] if args else kwargs.get("comm")
         try:
-            span = tracer.start_span(
-                f"rpc {op}",
-                context=Context(),  # nothing links a request to its sender's trace
-                kind=SpanKind.SERVER,
-                attributes={
-                    **logs.identity,
-                    "rpc.system.name": SYSTEM,
-                    "rpc.method": op,
-                    **peer_attributes(getattr(comm, "peer_address", None), "network.peer"),
-                },
-            )
+            attributes = {
+                **logs.identity,
+                "rpc.system.name": SYSTEM,
+                "rpc.method": op,
+                **peer_attributes(getattr(comm, "peer_address", None), "network.peer"),
+            }
         except Exception:  # telemetry never stands between Dask and its peers
             result = call()
             return await result if inspect.isawaitable(result) else result
-        return await _traced(span, call, limit)
+        # A root: nothing links a request to its sender's trace.
+        root = trace.INVALID_SPAN_CONTEXT
+        return await _recorded(call, spans, f"rpc {op}", root, SpanKind.SERVER, attributes)
 
     return wrapper
 
@@ -166,11 +187,12 @@ def trace_handlers(server: Any, tracer: trace.Tracer, settings: Settings) -> dic
     originals: dict[str, Any] = {}
     if not settings.rpc_spans:
         return originals
+    spans = ended_spans(tracer, settings)
     for op in settings.rpc_always_record - settings.rpc_never_record:
         handler = server.handlers.get(op)
         if handler is not None:
             originals[op] = handler
-            server.handlers[op] = traced_handler(handler, op, tracer, settings.max_attribute_length)
+            server.handlers[op] = traced_handler(handler, op, spans)
     return originals
 
 
@@ -203,8 +225,11 @@ def install(tracer: trace.Tracer, settings: Settings) -> None:
 
 
 def uninstall() -> None:
+    """Record no more ``rpc`` spans; those recorded are built first (boundedly)."""
     global _state
     _state = None
+    if _emitter is not None:
+        _emitter.flush(EXIT_TIMEOUT)
     for module in _patched:
         module.send_recv = _original_send_recv
     _patched.clear()

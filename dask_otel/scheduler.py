@@ -417,7 +417,7 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         self._scheduler.handlers.update(self._handlers)  # type: ignore[union-attr]
         timeout = self._settings.flush_timeout
         await asyncio.get_running_loop().run_in_executor(
-            None, drain, emitter, self._providers, timeout
+            None, drain, (emitter, rpc.emitter()), self._providers, timeout
         )
         # After the final flush, whose collection still reads this scheduler.
         metrics.forget(self._meter_provider, self._scheduler)

@@ -112,33 +112,46 @@ class TransferTracer(_InstancePatch):
         except Exception:
             _tracing_failed()
             started = None
+        span = None
         if started is not None:
             span = DeferredSpan(started[0][0])
             token = context.attach(trace.set_span_in_context(span))
-            start_ns = time_ns()
+        start_ns = time_ns()
         try:
             result = await self.original(worker, to_gather, total_nbytes, stimulus_id=stimulus_id)
         finally:
-            if started is not None:
+            if span is not None:
                 context.detach(token)
         outcome = self.OUTCOMES.get(type(result), "other")
-        attributes = {**self.attributes, "dask.transfer.outcome": outcome}
-        try:
-            self.sources.transfer_duration.record(perf_counter() - start, attributes)
-            if outcome == "success":
-                self.sources.transfer_received.record(total_nbytes, attributes)
-            if started is not None:
-                parent, links, span_attributes = started
-                span_attributes["dask.transfer.outcome"] = outcome
-                if outcome in ("network_failure", "error"):
-                    span.set_status(Status(StatusCode.ERROR, outcome))
-                times = (start_ns, time_ns())
-                self.spans.submit(
-                    "transfer", parent, SpanKind.CLIENT, times, span_attributes, None, links, span
-                )
-        except Exception:
-            _tracing_failed()
+        times = (start_ns, time_ns())
+        self.spans.emitter.submit(
+            self._report, perf_counter() - start, outcome, total_nbytes, times, started, span
+        )
         return result
+
+    def _report(
+        self,
+        seconds: float,
+        outcome: str,
+        nbytes: int,
+        times: tuple[int, int],
+        started: tuple[tuple[trace.SpanContext, str], list, dict[str, Any]] | None,
+        span: DeferredSpan | None,
+    ) -> None:
+        """In the emitter thread: the fetch's metric points, and its span if traced."""
+        attributes = {**self.attributes, "dask.transfer.outcome": outcome}
+        self.sources.transfer_duration.record(seconds, attributes)
+        if outcome == "success":
+            self.sources.transfer_received.record(nbytes, attributes)
+        if started is None or span is None:
+            return
+        parent, links, span_attributes = started
+        span_attributes["dask.transfer.outcome"] = outcome
+        if outcome in ("network_failure", "error"):
+            span.set_status(Status(StatusCode.ERROR, outcome))
+        self.spans.build(
+            "transfer", parent, SpanKind.CLIENT, times, span_attributes, None, links, span
+        )
 
     def _start(
         self, peer: str, keys: Any, nbytes: int
@@ -486,7 +499,7 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
         self._identity.cancel()
         # The last collection still reads this worker: flush first, then let it go.
         await asyncio.get_running_loop().run_in_executor(
-            None, drain, emitter, self._providers, self._settings.flush_timeout
+            None, drain, (emitter, rpc.emitter()), self._providers, self._settings.flush_timeout
         )
         metrics.forget(self._meter_provider, worker)
         logs.remove_worker(worker.address)

@@ -138,3 +138,13 @@ def test_an_ended_span_takes_the_id_and_calls_of_the_span_current_meanwhile():
     (link,) = transfer.links
     assert link.context.span_id == ids.task_span_id(PARENT, "y-2")
     assert dict(link.attributes) == {"dask.link": "served"}
+
+
+def test_an_ended_span_under_a_span_context_or_none():
+    spans, emitter, exporter = ended_spans()
+    spans.submit("rpc who_has", PARENT, trace.SpanKind.CLIENT, (1, 2), {}, None)
+    spans.submit("rpc who_has", trace.INVALID_SPAN_CONTEXT, trace.SpanKind.SERVER, (1, 2), {}, None)
+    assert emitter.flush(10)
+    child, root = exporter.get_finished_spans()
+    assert (child.context.trace_id, child.parent.span_id) == (PARENT.trace_id, PARENT.span_id)
+    assert root.parent is None and root.context.trace_id != PARENT.trace_id

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+
 import dask
 import pytest
 from conftest import flush_emitters, in_process_cluster
 from distributed import core, scheduler, worker
+from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.trace import SpanKind, StatusCode
 
 import dask_otel
@@ -93,3 +96,42 @@ def test_rpc_spans_switched_off(telemetry):
         flush_emitters(client)
     assert telemetry.spans("transfer")
     assert not rpc_spans(telemetry)
+
+
+class BuiltBy(SpanProcessor):
+    """Notes the thread each ``rpc`` span is built (ended) in."""
+
+    def __init__(self) -> None:
+        self.threads: dict[str, set[str]] = {}
+
+    def on_end(self, span) -> None:
+        if span.name.startswith("rpc "):
+            self.threads.setdefault(span.name, set()).add(threading.current_thread().name)
+
+
+def test_rpc_spans_are_built_off_the_event_loop_after_the_request(telemetry):
+    built_by = BuiltBy()
+    telemetry.tracer_provider.add_span_processor(built_by)
+    tracer = telemetry.tracer_provider.get_tracer("user")
+    config = {"otel.rpc.always-record": ["who_has"]}
+    with dask.config.set(config), in_process_cluster(n_workers=2) as client:
+        a, b = sorted(client.scheduler_info()["workers"])
+        x = client.submit(inc, 1, workers=[a])
+        y = client.submit(inc, x, workers=[b])  # its input travels: rpc get_data
+        assert y.result() == 3
+        with tracer.start_as_current_span("user work") as user:
+            client.who_has([y])
+        flush_emitters(client)
+
+    assert built_by.threads == {
+        name: {"dask-otel-rpc-spans"} for name in ("rpc get_data", "rpc who_has")
+    }
+    client_span, server_span = sorted(
+        (s for s in rpc_spans(telemetry) if s.name == "rpc who_has"), key=lambda s: s.kind.name
+    )
+    assert client_span.parent.span_id == user.get_span_context().span_id
+    assert server_span.kind == SpanKind.SERVER and server_span.parent is None
+    # Timed by the request itself, not by when the span was built.
+    assert user.start_time <= client_span.start_time <= client_span.end_time <= user.end_time
+    assert client_span.start_time <= server_span.start_time <= server_span.end_time
+    assert server_span.end_time <= client_span.end_time
