@@ -9,10 +9,9 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
-import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from dask_otel import telemetry
@@ -33,10 +32,7 @@ class SpanEmitter:
 
     def __init__(self, name: str, interval: float = 0.1, idle: float = 1.0) -> None:
         _emitters.add(self)
-        # atexit runs the last registered first: registered (again) now, after the SDK was
-        # configured, the drain comes before the SDK's own exit shutdown and export.
-        atexit.unregister(_drain_all_at_exit)
-        atexit.register(_drain_all_at_exit)
+        _drain_before_sdk_exit()
         self._name = name
         self._pending: deque[Any] = deque()
         self._wake = threading.Event()
@@ -127,9 +123,31 @@ def _drain_all_at_exit() -> None:
         emitter._drain_at_exit(EXIT_TIMEOUT)
 
 
-def drain(emitters: Iterable[SpanEmitter], providers: telemetry.Providers, timeout: float) -> None:
-    """Emit what ``emitters`` hold, then export it: each step waits half of ``timeout``."""
-    deadline = time.monotonic() + timeout / 2
-    for emitter in emitters:  # their threads end by themselves once idle
-        emitter.flush(max(0.0, deadline - time.monotonic()))
+def _drain_before_sdk_exit() -> None:
+    """atexit runs the last registered first: registered (again) now, after the SDK was
+    configured, the drain comes before the SDK's own exit shutdown and export."""
+    atexit.unregister(_drain_all_at_exit)
+    atexit.register(_drain_all_at_exit)
+
+
+_shared: SpanEmitter | None = None
+_shared_lock = threading.Lock()
+
+
+def shared() -> SpanEmitter:
+    """This process's emitter, which every dask-otel component in it (client, scheduler,
+    workers, ``rpc`` spans) submits to: one thread to wake and hand the GIL to, however
+    many components an in-process cluster has. Asked by each component as it starts."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = SpanEmitter(name="dask-otel-spans")
+        else:
+            _drain_before_sdk_exit()
+        return _shared
+
+
+def drain(emitter: SpanEmitter, providers: telemetry.Providers, timeout: float) -> None:
+    """Emit what ``emitter`` holds, then export it: each step waits half of ``timeout``."""
+    emitter.flush(timeout / 2)  # its thread ends by itself once idle
     telemetry.flush(providers, timeout / 2)

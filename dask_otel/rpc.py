@@ -8,7 +8,7 @@ heartbeats above all, costs one check. Handled requests (SERVER spans) are recor
 always-recorded ops: no trace context travels in Dask's messages, so a server cannot tell
 a traced request from any other (``get_data`` has its own span, see ``worker.py``).
 Nothing nests under a request: the event loop notes its parent, times and attributes, and
-this process's ``rpc`` emitter thread builds the span.
+this process's emitter thread builds the span.
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ from distributed.comm.addressing import get_address_host_port
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from dask_otel import logs
+from dask_otel import emitter, logs
 from dask_otel.deferred import EndedSpans
-from dask_otel.emitter import EXIT_TIMEOUT, SpanEmitter
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -50,21 +49,12 @@ class _State:
 
 
 _state: _State | None = None
-_emitter: SpanEmitter | None = None
-
-
-def emitter() -> SpanEmitter:
-    """This process's emitter of ``rpc`` spans (one for every client, scheduler and
-    worker in it: a request does not say which of them sent it)."""
-    global _emitter
-    if _emitter is None:
-        _emitter = SpanEmitter(name="dask-otel-rpc-spans")
-    return _emitter
 
 
 def ended_spans(tracer: trace.Tracer, settings: Settings) -> EndedSpans:
-    """Builds ``rpc`` spans with ``tracer`` in this process's ``rpc`` emitter thread."""
-    return EndedSpans(tracer, emitter(), settings.max_attribute_length)
+    """Builds ``rpc`` spans with ``tracer`` in this process's emitter thread (a request
+    does not say which client, scheduler or worker of the process sent it)."""
+    return EndedSpans(tracer, emitter.shared(), settings.max_attribute_length)
 
 
 def peer_attributes(address: str | None, prefix: str) -> dict[str, Any]:
@@ -228,8 +218,7 @@ def uninstall() -> None:
     """Record no more ``rpc`` spans; those recorded are built first (boundedly)."""
     global _state
     _state = None
-    if _emitter is not None:
-        _emitter.flush(EXIT_TIMEOUT)
+    emitter.shared().flush(emitter.EXIT_TIMEOUT)
     for module in _patched:
         module.send_recv = _original_send_recv
     _patched.clear()

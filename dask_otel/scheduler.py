@@ -20,7 +20,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from dask_otel import errors, events, ids, logs, metrics, rpc, telemetry
+from dask_otel import emitter, errors, events, ids, logs, metrics, rpc, telemetry
 from dask_otel.activation import activate
 from dask_otel.emitter import SpanEmitter, drain
 from dask_otel.telemetry import PLUGIN_NAME
@@ -154,7 +154,7 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         self._tracer = tracer
         self._ids = ids.SpanIdSetter(tracer)
         self._cluster_id = scheduler.id
-        self._emitter = SpanEmitter(name="dask-otel-scheduler-spans")
+        self._emitter = emitter.shared()
         self._meter_provider = metrics.meter_provider(self._providers, settings)
         metrics.observe_scheduler(self._meter_provider, scheduler)
         self._events = events.EventRecorder(
@@ -413,11 +413,11 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
             graph.span.set_attribute("dask.graph.incomplete", True)
             self._emitter.submit(graph.span.end, now)
         self._graphs.clear()
-        emitter, self._emitter = self._emitter, None
+        closing, self._emitter = self._emitter, None
         self._scheduler.handlers.update(self._handlers)  # type: ignore[union-attr]
         timeout = self._settings.flush_timeout
         await asyncio.get_running_loop().run_in_executor(
-            None, drain, (emitter, rpc.emitter()), self._providers, timeout
+            None, drain, closing, self._providers, timeout
         )
         # After the final flush, whose collection still reads this scheduler.
         metrics.forget(self._meter_provider, self._scheduler)

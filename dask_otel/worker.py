@@ -30,10 +30,10 @@ from distributed.worker_state_machine import (
 from opentelemetry import context, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from dask_otel import errors, ids, logs, metrics, rpc, telemetry
+from dask_otel import emitter, errors, ids, logs, metrics, rpc, telemetry
 from dask_otel.activation import activate
 from dask_otel.deferred import DeferredSpan, EndedSpans
-from dask_otel.emitter import SpanEmitter, drain
+from dask_otel.emitter import drain
 from dask_otel.report import report_once
 from dask_otel.spill import SpillTracer
 from dask_otel.telemetry import PLUGIN_NAME
@@ -332,7 +332,7 @@ class ExecuteTracer(_InstancePatch):
         super().__init__(worker)
         self.tracer = tracer
         self.ids = ids.SpanIdSetter(tracer)
-        self.emitter = SpanEmitter(name="dask-otel-worker-spans")
+        self.emitter = emitter.shared()
         self.task_duration = task_duration
         self.settings = settings
         #: Attributes of every span; ``dask.cluster.id`` joins once the scheduler answers.
@@ -416,11 +416,16 @@ class ExecuteTracer(_InstancePatch):
             span.set_attribute("dask.task.rescheduled", True)
         elif failure is not None:
             errors.record_exception(
-                span, failure.exception, failure.exception_text, failure.traceback_text, limit
+                span,
+                failure.exception,
+                failure.exception_text,
+                failure.traceback_text,
+                limit,
+                timestamp=end,
             )
         elif attempt.error is not None:
             stack = "".join(traceback.format_tb(attempt.error.__traceback__))
-            errors.record_exception(span, attempt.error, None, stack, limit)
+            errors.record_exception(span, attempt.error, None, stack, limit, timestamp=end)
         span.end(end)
 
     def _record_duration(self, prefix: str, outcome: str, timing: tuple[float, float]) -> None:
@@ -494,12 +499,12 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
         for patch in self._patches:
             patch.uninstall()
         worker.handlers.update(self._handlers)
-        emitter = self._tracer.emitter
+        closing = self._tracer.emitter
         self._tracer = None
         self._identity.cancel()
         # The last collection still reads this worker: flush first, then let it go.
         await asyncio.get_running_loop().run_in_executor(
-            None, drain, (emitter, rpc.emitter()), self._providers, self._settings.flush_timeout
+            None, drain, closing, self._providers, self._settings.flush_timeout
         )
         metrics.forget(self._meter_provider, worker)
         logs.remove_worker(worker.address)

@@ -124,7 +124,7 @@ def test_rpc_spans_are_built_off_the_event_loop_after_the_request(telemetry):
         flush_emitters(client)
 
     assert built_by.threads == {
-        name: {"dask-otel-rpc-spans"} for name in ("rpc get_data", "rpc who_has")
+        name: {"dask-otel-spans"} for name in ("rpc get_data", "rpc who_has")
     }
     client_span, server_span = sorted(
         (s for s in rpc_spans(telemetry) if s.name == "rpc who_has"), key=lambda s: s.kind.name

@@ -252,6 +252,8 @@ def test_failure_with_retries(telemetry):
         assert execute.status.status_code == StatusCode.ERROR
         assert execute.parent.span_id == task.context.span_id
         (event,) = [e for e in execute.events if e.name == "exception"]
+        # Within the attempt, though its span is built later in the emitter thread.
+        assert execute.start_time <= event.timestamp <= execute.end_time
         # The worker reads its own exception: builtin type name, str() as the message.
         assert event.attributes["exception.type"] == "ValueError"
         assert event.attributes["exception.message"] == "boom 1"
