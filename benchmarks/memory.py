@@ -49,7 +49,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 import dask_otel
-from dask_otel import ids, sdk
+from dask_otel import emitter, ids, sdk
 
 DASK_OTEL = tracemalloc.Filter(True, "*/dask_otel/*")
 
@@ -68,18 +68,6 @@ class DiscardingLogExporter(LogRecordExporter):
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         return True
-
-
-def flush_emitters(c: LocalCluster) -> None:
-    """Let the scheduler's and the workers' emitter threads build what they hold (the
-    workers' ``execute`` spans are built after the fact too)."""
-    plugin = c.scheduler.plugins.get("dask-otel")
-    if plugin is not None and plugin._emitter is not None:
-        plugin._emitter.flush(60)
-    for worker in c.workers.values():
-        tracer = getattr(worker.plugins.get("dask-otel"), "_tracer", None)
-        if tracer is not None:
-            tracer.emitter.flush(60)
 
 
 def noop(i: int, gate: object = None) -> int:
@@ -134,12 +122,12 @@ def plugin_state(scheduler) -> dict[str, int]:  # type: ignore[no-untyped-def]
     plugin = scheduler.plugins.get("dask-otel")
     if plugin is None:
         return {}
-    emitter = plugin._emitter
+    running = plugin._emitter is not None
     return {
         "records": len(plugin._tasks),
         "graphs": len(plugin._graphs),
-        "backlog": len(emitter._pending) if emitter is not None else 0,
-        "events": len(plugin._events._pending) if emitter is not None else 0,
+        "backlog": len(emitter.shared()._pending) if running else 0,
+        "events": len(plugin._events._pending) if running else 0,
     }
 
 
@@ -180,7 +168,7 @@ def computations(count: int, tasks: int, provider: TracerProvider | None) -> lis
             assert total.result() == tasks * (tasks - 1) // 2
             del futures, total
             wait_until(lambda: not scheduler.tasks)
-            flush_emitters(c)
+            emitter.shared().flush(60)  # build what the scheduler and workers recorded
             row = plugin_state(scheduler)
             row["cache"] = ids._decode_traceparent.cache_info().currsize
             ids._decode_traceparent.cache_clear()

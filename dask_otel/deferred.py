@@ -8,8 +8,8 @@ two: it draws its span id when first asked (children and log records name their 
 most tasks have neither, and the emitter asks off the loop), keeps whatever is done to
 it as calls, and :meth:`DeferredSpan.replay` applies them to the real span, started
 with the same id by :class:`dask_otel.ids.SpanIdSetter`, in a background thread once
-the task is over. :class:`EndedSpans` builds the spans of other work on a worker's loop
-(transfers, spills) the same way, from times and attributes.
+the task is over. :class:`EndedSpans` builds them, and the spans of other work over by
+then (transfers, spills, requests), from times and attributes.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 from time import time_ns
-from typing import Any
+from typing import Any, NamedTuple
 
 from opentelemetry import trace
 from opentelemetry.util import types
@@ -113,11 +113,20 @@ class DeferredSpan(trace.Span):
         return f"DeferredSpan({self.get_span_context()!r})"
 
 
+class Failure(NamedTuple):
+    """An exception as Dask reports a failed task: the exception (possibly unpicklable,
+    then a stand-in), its message as text, and its traceback's frames as text."""
+
+    exception: Any
+    text: str | None
+    traceback_text: str | None
+
+
 class EndedSpans:
-    """Spans of work that is over by the time they are built (data sent to or fetched from
-    a peer, a key spilled or read back, a request answered): the event loop keeps times
-    and a dict (and the :class:`DeferredSpan` that was current, if something could nest
-    under it), and the SDK builds the span in an emitter's thread."""
+    """Spans of work that is over by the time they are built (a task attempt run, data
+    sent to or fetched from a peer, a key spilled or read back, a request answered): the
+    event loop keeps times and a dict (and the :class:`DeferredSpan` that was current, if
+    something could nest under it), and the SDK builds the span in an emitter's thread."""
 
     def __init__(self, tracer: trace.Tracer, emitter: SpanEmitter, limit: int) -> None:
         self._ids = ids.SpanIdSetter(tracer)
@@ -136,15 +145,18 @@ class EndedSpans:
         kind: trace.SpanKind,
         times: tuple[int, int],
         attributes: dict[str, Any],
-        error: BaseException | None,
+        error: BaseException | Failure | None,
         links: list[tuple[trace.SpanContext, str]] | None = None,
         deferred: DeferredSpan | None = None,
+        final: dict[str, Any] | None = None,
     ) -> None:
         """A span ``name`` from ``times`` (start, end) under ``parent``: a span's context
         (invalid: a root), or (carrier, key) of a task whose ``task`` span is the parent.
-        ``error`` makes it an ERROR span with its ``exception``. ``links``: (carrier, key)
-        of other tasks' ``task`` spans it served. ``deferred``: the span that was current
-        meanwhile, whose id and recorded calls it takes."""
+        ``error`` (an exception, or Dask's account of one) makes it an ERROR span with its
+        ``exception``. ``links``: (carrier, key) of other tasks' ``task`` spans it served.
+        ``deferred``: the span that was current meanwhile, whose id and recorded calls it
+        takes. ``final``: attributes set after those calls, so user code cannot change
+        them."""
         span = self._ids.start_span(
             deferred.get_span_context().span_id if deferred is not None else None,
             name,
@@ -158,6 +170,9 @@ class EndedSpans:
         )
         if deferred is not None:
             deferred.replay(span)
+        if final:
+            span.set_attributes(final)
         if error is not None:
-            errors.record_exception(span, error, None, None, self._limit, timestamp=times[1])
+            exception, text, stack = error if isinstance(error, Failure) else (error, None, None)
+            errors.record_exception(span, exception, text, stack, self._limit, timestamp=times[1])
         span.end(times[1])

@@ -30,9 +30,9 @@ from distributed.worker_state_machine import (
 from opentelemetry import context, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from dask_otel import emitter, errors, ids, logs, metrics, rpc, telemetry
+from dask_otel import emitter, ids, logs, metrics, rpc, telemetry
 from dask_otel.activation import activate
-from dask_otel.deferred import DeferredSpan, EndedSpans
+from dask_otel.deferred import DeferredSpan, EndedSpans, Failure
 from dask_otel.emitter import drain
 from dask_otel.report import report_once
 from dask_otel.spill import SpillTracer
@@ -299,7 +299,8 @@ class _Attempt:
         self.outcome: str | None = None
         #: Dask's own (start, stop) of the run, in seconds since the epoch.
         self.timing: tuple[float, float] | None = None
-        self.failure: ExecuteFailureEvent | None = None
+        #: The task's exception, as Dask reported it.
+        self.failure: Failure | None = None
         #: Raised by Dask's ``execute`` itself (not by the task).
         self.error: BaseException | None = None
 
@@ -312,7 +313,17 @@ class _Attempt:
             if result.start is not None and result.stop is not None:
                 self.timing = (result.start, result.stop)
             if isinstance(result, ExecuteFailureEvent):
-                self.failure = result
+                self.failure = Failure(
+                    result.exception, result.exception_text, result.traceback_text
+                )
+
+    def failed(self) -> Failure | None:
+        """What failed: the task (as Dask reported it) or Dask's ``execute`` itself, whose
+        stack is formatted here, in the emitter thread."""
+        if self.error is not None:
+            stack = "".join(traceback.format_tb(self.error.__traceback__))
+            return Failure(self.error, None, stack)
+        return self.failure
 
 
 class ExecuteTracer(_InstancePatch):
@@ -331,8 +342,8 @@ class ExecuteTracer(_InstancePatch):
     ) -> None:
         super().__init__(worker)
         self.tracer = tracer
-        self.ids = ids.SpanIdSetter(tracer)
-        self.emitter = emitter.shared()
+        #: Builds this worker's spans (``execute`` and the ended spans of its other work).
+        self.spans = EndedSpans(tracer, emitter.shared(), settings.max_attribute_length)
         self.task_duration = task_duration
         self.settings = settings
         #: Attributes of every span; ``dask.cluster.id`` joins once the scheduler answers.
@@ -366,7 +377,7 @@ class ExecuteTracer(_InstancePatch):
                 context.detach(token)
             attempt.end_ns = time_ns()
             attempt.thread = self.worker.threads.get(key)
-            self.emitter.submit(self._report, attempt)
+            self.spans.emitter.submit(self._report, attempt)
 
     # -- the emitter thread -----------------------------------------------------------------
 
@@ -394,39 +405,26 @@ class ExecuteTracer(_InstancePatch):
     ) -> None:
         key = ids.key_to_str(attempt.key)
         limit = self.settings.max_attribute_length
-        deferred = attempt.span
-        span = self.ids.start_span(
-            deferred.get_span_context().span_id if deferred is not None else None,
+        final: dict[str, Any] = {}
+        if attempt.thread is not None:
+            final["thread.id"] = attempt.thread
+        if attempt.outcome == "rescheduled":
+            final["dask.task.rescheduled"] = True
+        self.spans.build(
             f"execute {prefix}",
-            context=ids.task_context(carrier, key),
-            start_time=start,
-            attributes={
+            (carrier, key),
+            SpanKind.INTERNAL,
+            (start, end),
+            {
                 **self.static_attributes,
                 "dask.task.key": ids.cap(key, limit),
                 "dask.task.prefix": prefix,
                 "dask.task.group": ids.cap(key_split_group(attempt.key), limit),
             },
+            attempt.failed(),
+            deferred=attempt.span,
+            final=final,
         )
-        if deferred is not None:
-            deferred.replay(span)
-        if attempt.thread is not None:
-            span.set_attribute("thread.id", attempt.thread)
-        failure = attempt.failure
-        if attempt.outcome == "rescheduled":
-            span.set_attribute("dask.task.rescheduled", True)
-        elif failure is not None:
-            errors.record_exception(
-                span,
-                failure.exception,
-                failure.exception_text,
-                failure.traceback_text,
-                limit,
-                timestamp=end,
-            )
-        elif attempt.error is not None:
-            stack = "".join(traceback.format_tb(attempt.error.__traceback__))
-            errors.record_exception(span, attempt.error, None, stack, limit, timestamp=end)
-        span.end(end)
 
     def _record_duration(self, prefix: str, outcome: str, timing: tuple[float, float]) -> None:
         """One ``dask.task.duration`` point per attempt, traced or not (Dask's timings)."""
@@ -477,7 +475,7 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
         attributes = self._tracer.static_attributes
         tracer = self._tracer.tracer
         limit = settings.max_attribute_length
-        ended = EndedSpans(tracer, self._tracer.emitter, limit)
+        ended = self._tracer.spans
         self._patches = [
             self._tracer,
             TransferTracer(worker, ended, sources, attributes, settings),
@@ -499,7 +497,7 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
         for patch in self._patches:
             patch.uninstall()
         worker.handlers.update(self._handlers)
-        closing = self._tracer.emitter
+        closing = self._tracer.spans.emitter
         self._tracer = None
         self._identity.cancel()
         # The last collection still reads this worker: flush first, then let it go.

@@ -88,7 +88,7 @@ def flush_emitters(client) -> None:
     def flush_worker(dask_worker) -> bool:
         plugin = dask_worker.plugins.get("dask-otel")
         tracer = getattr(plugin, "_tracer", None)
-        return tracer is None or tracer.emitter.flush(10)
+        return tracer is None or tracer.spans.emitter.flush(10)
 
     assert all(client.run(flush_worker).values())
     assert client.run_on_scheduler(flush_emitters)

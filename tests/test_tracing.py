@@ -574,6 +574,51 @@ def test_execute_span_is_current_in_the_task_thread(telemetry):
     assert trace.get_current_span().get_span_context().span_id == 0
 
 
+def test_execute_span_names_its_thread_whatever_the_task_sets(telemetry):
+    """``thread.id`` is the thread the attempt ran in; the task's own ``set_attribute``
+    calls land on the span, but cannot overwrite what Dask knows."""
+    import threading
+
+    def tag(_):
+        span = trace.get_current_span()
+        span.set_attribute("thread.id", -1)
+        span.set_attribute("user.tag", "mine")
+        return threading.get_ident()
+
+    with cluster_and_client() as (_, client):
+        thread = client.submit(tag, 1).result()
+        flush_emitters(client)
+    (execute,) = telemetry.spans("execute tag")
+    assert execute.attributes["thread.id"] == thread
+    assert execute.attributes["user.tag"] == "mine"
+
+
+RESCHEDULED: list[int] = []
+
+
+def reschedule_once(x):
+    from distributed import Reschedule
+
+    RESCHEDULED.append(x)
+    if len(RESCHEDULED) == 1:
+        raise Reschedule()
+    return x
+
+
+def test_a_rescheduled_attempt_says_so_and_is_no_error(telemetry):
+    RESCHEDULED.clear()
+    with cluster_and_client() as (_, client):
+        assert client.submit(reschedule_once, 7).result() == 7
+        flush_emitters(client)
+    executes = sorted(telemetry.spans("execute reschedule_once"), key=lambda s: s.start_time)
+    assert len(executes) == 2
+    assert executes[0].attributes["dask.task.rescheduled"] is True
+    assert "dask.task.rescheduled" not in executes[1].attributes
+    assert {s.status.status_code for s in executes} == {StatusCode.UNSET}
+    (task,) = telemetry.spans("task reschedule_once")
+    assert task.attributes["dask.task.attempts"] == 2
+
+
 # -- thinning ---------------------------------------------------------------------------
 
 
