@@ -12,6 +12,7 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Callable
+from time import perf_counter, sleep
 from typing import Any
 
 from dask_otel import telemetry
@@ -20,12 +21,25 @@ from dask_otel.report import report_once
 logger = logging.getLogger(__name__)
 
 
+#: Seconds of work between two pauses, and the pause. CPython hands the GIL to a thread
+#: that asks for it when the holder blocks, or else only after the switch interval
+#: (5 ms): an emitter working through its backlog in one go keeps the event loop waiting
+#: up to 5 ms each time a message arrives, on the path from one task to the next. A real
+#: sleep (``sleep(0)`` hands nothing over) after each slice bounds that wait to about a
+#: slice. A loop that keeps the GIL busy would then leave the emitter one slice every
+#: switch interval: with a backlog of ``PAUSE_BELOW`` records it works without pausing.
+SLICE = 0.001
+PAUSE = 0.0001
+PAUSE_BELOW = 1000
+
+
 class SpanEmitter:
     """Runs submitted calls one after the other in a background thread, in batches.
 
     ``submit`` only appends to a deque: waking the thread for every record would hand it
     the GIL once per task and stall the event loop each time. The thread wakes every
-    ``interval`` seconds (or when flushed), works through everything submitted, and ends
+    ``interval`` seconds (or when flushed), works through everything submitted (pausing
+    every :data:`SLICE` seconds of work, so that the event loop gets the GIL), and ends
     after ``idle`` seconds without work (a server stopped without ``close`` leaves no
     thread behind); the next ``submit`` starts a new one.
     """
@@ -88,8 +102,12 @@ class SpanEmitter:
             self._wake.wait(self._interval)
             self._wake.clear()
             idle = 0 if pending else idle + 1
+            pause_at = perf_counter() + SLICE
             while pending:
                 self._emit(pending.popleft())
+                if perf_counter() > pause_at and len(pending) < PAUSE_BELOW:
+                    sleep(PAUSE)
+                    pause_at = perf_counter() + SLICE
             if idle >= self._idle_rounds and self._retire():
                 return
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
+from dask_otel import emitter as emitter_module
 from dask_otel.emitter import SpanEmitter
 
 
@@ -64,3 +66,29 @@ def test_no_thread_to_start_fails_no_caller_and_the_next_submit_tries_again(monk
     emitter.submit(seen.append, 2)
     assert emitter.flush(5)
     assert seen == [1, 2]  # the backlog was kept
+
+
+def test_the_thread_pauses_between_slices_of_work_unless_far_behind(monkeypatch):
+    """Working through a backlog, the thread sleeps ``PAUSE`` after every ``SLICE``
+    seconds of work (the event loop's chance to take the GIL), but not while more than
+    ``PAUSE_BELOW`` records wait (a busy loop would leave it one slice per switch
+    interval). A pause made long here (30 ms) cannot be mistaken for a preemption."""
+    monkeypatch.setattr(emitter_module, "SLICE", 0.0002)
+    monkeypatch.setattr(emitter_module, "PAUSE", 0.03)
+    monkeypatch.setattr(emitter_module, "PAUSE_BELOW", 200)
+    emitter = SpanEmitter("test-slices")
+    times: list[tuple[float, float]] = []
+
+    def busy() -> None:
+        start = time.perf_counter()
+        while time.perf_counter() - start < 5e-5:
+            pass
+        times.append((start, time.perf_counter()))
+
+    for _ in range(240):  # one backlog: far behind at first, the last 2 ms of work not
+        emitter.submit(busy)
+    assert emitter.flush(10)
+    gaps = [b[0] - a[1] for a, b in itertools.pairwise(times)]
+    # After call i, 240 - i records wait (the flush's own too): pauses from call 41 on.
+    assert max(gaps[:40]) < 0.03
+    assert sum(gap >= 0.03 for gap in gaps[40:]) >= 3  # 2 ms in 0.2 ms slices: ~10
