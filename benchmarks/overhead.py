@@ -9,7 +9,10 @@ the real SDK with every span sampled (the batch span processor dask-otel configu
 ``--processor sdk`` for the SDK's own) and metrics on (a periodic reader collecting every
 5 s); spans and metrics go to exporters that discard them (``--export otlp`` sends spans
 over OTLP/gRPC to a receiver in another process instead, so the export cost is included).
-Plain and instrumented rounds alternate which goes first. Workloads:
+``--processes`` runs the workers in processes of their own, as a real cluster does (the
+scheduler and the client stay here), each configuring the SDK from ``OTEL_*`` variables
+and exporting over OTLP; the CPU ratio then counts the worker processes too. Plain and
+instrumented rounds alternate which goes first. Workloads:
 
 - ``noop``: ``--tasks`` no-op tasks with ``client.map``;
 - ``graph``: one graph of ``--tasks`` tasks (half leaves, half a binary tree summing them);
@@ -21,6 +24,7 @@ Plain and instrumented rounds alternate which goes first. Workloads:
     python benchmarks/overhead.py --workload graph --tasks 4000 --rounds 7
     python benchmarks/overhead.py --workload movement --rounds 7
     python benchmarks/overhead.py --tasks 20000 --rounds 3 --processor dask-otel --processor sdk
+    python benchmarks/overhead.py --workload graph --tasks 4000 --rounds 7 --processes
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from pathlib import Path
 
 import dask
 import dask.array as da
+import psutil
 import yaml
 from distributed import Client, LocalCluster, wait
 from opentelemetry.sdk.metrics import MeterProvider
@@ -52,15 +57,6 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 
 import dask_otel
 from dask_otel import sdk
-
-RECEIVER = """
-import sys, time
-sys.path.insert(0, {tests!r})
-from otlp_receiver import OTLPReceiver
-with OTLPReceiver() as rx:
-    print(rx.grpc_endpoint, flush=True)
-    sys.stdin.read()
-"""
 
 
 class DiscardingExporter(SpanExporter):
@@ -144,13 +140,15 @@ def thread_cpu() -> dict[int, tuple[str, float]]:
 
 
 THREAD_GROUPS = {
-    "loop": "event loop (scheduler and both workers)",
+    "loop": "event loop (scheduler, and the workers unless --processes)",
     "tasks": "task threads (executors)",
     "dask-otel": "dask-otel span emitters",
     "sdk": "OpenTelemetry SDK (batch processor, metrics)",
     "other": "other threads",
     "ended": "threads that ended during the round",
     "gc": "garbage collection (part of the above)",
+    "workers": "worker processes (--processes)",
+    "receiver": "the OTLP receiver (--export otlp, --processes)",
 }
 
 
@@ -184,24 +182,36 @@ def _time_gc(phase: str, info: dict) -> None:
 gc.callbacks.append(_time_gc)
 
 
-def one_round(workload: str, tasks: int) -> tuple[float, float, Counter]:
-    """(wall seconds, process CPU seconds, CPU seconds by thread group) to run
-    ``workload`` on a new cluster."""
+def process_cpu(processes: list[psutil.Process]) -> float:
+    """CPU seconds used so far by ``processes`` (user and system)."""
+    return sum(sum(p.cpu_times()[:2]) for p in processes)
+
+
+def one_round(
+    workload: str, tasks: int, env: dict[str, str] | None, receiver: psutil.Process | None
+) -> tuple[float, float, Counter]:
+    """(wall seconds, CPU seconds of the cluster's processes, CPU seconds by thread group)
+    to run ``workload`` on a new cluster: in this process, or with ``env`` its workers in
+    processes of their own (Nanny) with that environment."""
     memory = workload == "movement"
     with (
         dask.config.set(MOVEMENT_MEMORY if memory else {}),
         LocalCluster(
             n_workers=2,
             threads_per_worker=1,
-            processes=False,
+            processes=env is not None,
             dashboard_address=":0",
             memory_limit="60MB" if memory else "auto",
+            **({"host": "127.0.0.1", "env": env} if env is not None else {}),
         ) as cluster,
         Client(cluster) as client,
     ):
         client.gather(client.map(noop, range(50), pure=False))  # warm up
+        workers = [psutil.Process(w.pid) for w in cluster.workers.values() if env is not None]
+        others = {"workers": workers, "receiver": [receiver] if receiver else []}
         gc.collect()
         before = thread_cpu()
+        before_others = {name: process_cpu(ps) for name, ps in others.items()}
         gc_stats.clear()
         wall, cpu = time.perf_counter(), time.process_time()
         WORKLOADS[workload](client, tasks)
@@ -212,24 +222,44 @@ def one_round(workload: str, tasks: int) -> tuple[float, float, Counter]:
         # Threads that ended during the round (an emitter thread ends after 1 s idle, e.g.
         # while the client gathers) took the rest of the process's CPU time with them.
         groups["ended"] = max(0.0, cpu - sum(groups.values()))
+        for name, ps in others.items():
+            groups[name] = process_cpu(ps) - before_others[name]
         groups.update(gc_stats)
-        return wall, cpu, groups
+        return wall, cpu + groups["workers"], groups
 
 
-def make_exporter(kind: str) -> tuple[SpanExporter, subprocess.Popen | None]:
-    if kind == "discard":
-        return DiscardingExporter(), None
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-    tests = str(Path(__file__).resolve().parent.parent / "tests")
+def start_receiver() -> tuple[str, subprocess.Popen]:
+    """(endpoint, process) of ``counting_receiver.py`` in another process."""
     receiver = subprocess.Popen(
-        [sys.executable, "-c", RECEIVER.format(tests=tests)],
+        [sys.executable, str(Path(__file__).with_name("counting_receiver.py"))],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
-    endpoint = receiver.stdout.readline().strip()  # type: ignore[union-attr]
-    return OTLPSpanExporter(endpoint=endpoint, insecure=True), receiver
+    return receiver.stdout.readline().strip(), receiver  # type: ignore[union-attr]
+
+
+def make_exporter(endpoint: str | None) -> SpanExporter:
+    if endpoint is None:
+        return DiscardingExporter()
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter(endpoint=endpoint, insecure=True)
+
+
+def worker_env(endpoint: str) -> dict[str, str]:
+    """The environment of worker processes (``--processes``): what a user sets for
+    ``opentelemetry-instrument`` or ``--preload dask_otel``, all signals over OTLP/gRPC,
+    metrics collected every 5 s like the benchmark's own reader. Plain rounds have it
+    too; nothing reads it there."""
+    return {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+        "OTEL_EXPORTER_OTLP_INSECURE": "true",
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_METRICS_EXPORTER": "otlp",
+        "OTEL_LOGS_EXPORTER": "otlp",
+        "OTEL_METRIC_EXPORT_INTERVAL": "5000",
+    }
 
 
 def main() -> None:
@@ -238,6 +268,13 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--export", choices=["discard", "otlp"], default="discard")
+    parser.add_argument(
+        "--processes",
+        action="store_true",
+        help="the workers in processes of their own (Nanny), as on a real cluster, "
+        "exporting over OTLP/gRPC to the receiver (implies --export otlp); the scheduler "
+        "and the client stay in this process",
+    )
     parser.add_argument(
         "--processor",
         action="append",
@@ -257,7 +294,12 @@ def main() -> None:
     settings = {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in args.set)}
     processors = list(dict.fromkeys(args.processor or ["dask-otel"]))
 
-    exporter, receiver = make_exporter(args.export)
+    endpoint, receiver = (None, None)
+    if args.export == "otlp" or args.processes:
+        endpoint, receiver = start_receiver()
+    env = worker_env(endpoint) if args.processes else None  # type: ignore[arg-type]
+    watched = psutil.Process(receiver.pid) if receiver is not None else None
+    exporter = make_exporter(endpoint)
     # The queue and batch sizes dask-otel sets, for either processor.
     for name in ("OTEL_BSP_MAX_QUEUE_SIZE", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"):
         os.environ.setdefault(name, sdk.ENV_DEFAULTS[name])
@@ -274,12 +316,12 @@ def main() -> None:
 
     def run(mode: str) -> tuple[float, float, Counter]:
         if mode == "plain":
-            return one_round(args.workload, args.tasks)
+            return one_round(args.workload, args.tasks, env, watched)
         provider = providers[mode]
         instrumentor.instrument(tracer_provider=provider, meter_provider=meter_provider)
         try:
             with dask.config.set(settings):
-                return one_round(args.workload, args.tasks)
+                return one_round(args.workload, args.tasks, env, watched)
         finally:
             instrumentor.uninstrument()
             provider.force_flush()
@@ -307,13 +349,14 @@ def main() -> None:
         for provider in providers.values():
             provider.shutdown()
         meter_provider.shutdown()
-        if receiver is not None:
-            receiver.communicate("")
+        received = receiver.communicate("")[0].strip() if receiver is not None else None
 
     for name in processors:
         report(args, name, results["plain"], results[name])
     if isinstance(exporter, DiscardingExporter):
         print(f"spans exported: {exporter.count}")
+    if received is not None:
+        print(f"spans received over OTLP: {received}")
 
 
 #: Span processors the instrumented rounds can use.
@@ -330,7 +373,8 @@ def report(args: argparse.Namespace, processor: str, plains: list, traceds: list
     per_task = "" if args.workload == "movement" else f", {1e6 * extra / args.tasks:.1f} us/task"
     print(
         f"\n{args.workload} workload, --tasks {args.tasks}, {args.rounds} interleaved rounds, "
-        f"export={args.export} processor={processor}"
+        f"export={'otlp' if args.processes else args.export} processor={processor}"
+        f"{' workers in processes' if args.processes else ''}"
         f" {' '.join(args.set)}\n"
         f"wall ratio  median {statistics.median(ratios):.3f}  "
         f"min {min(ratios):.3f}  max {max(ratios):.3f}\n"

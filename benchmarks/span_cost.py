@@ -1,0 +1,107 @@
+"""CPU per span of each step a span takes through the SDK as dask-otel configures it.
+
+One ``task``-like span (8 attributes, a state event, two dependency links) is built and
+ended through the SDK (``start_span`` and ``end``, as dask-otel's emitter does), queued as
+dask-otel's span processor queues it (``compact``), rebuilt for the exporter
+(``rebuild``), and encoded as the OTLP exporters encode it (in batches of 512). Each step
+is timed in this thread, alone: inside a cluster the same steps share the GIL and the
+cores with Dask, and take longer.
+
+    python benchmarks/span_cost.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable, Sequence
+
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+
+from dask_otel import sdk
+
+PARENT = trace.SpanContext(0x1234, 0x5678, False, trace.TraceFlags(trace.TraceFlags.SAMPLED))
+LINKS = [
+    trace.Link(
+        trace.SpanContext(0x1234, 0x90 + i, False, trace.TraceFlags(trace.TraceFlags.SAMPLED)),
+        {"dask.link": "dependency"},
+    )
+    for i in range(2)
+]
+ATTRIBUTES = {
+    "dask.cluster.id": "Scheduler-5b1e7c3f-0a7d-4d4e-9a3c-3c0b7e5f1d2a",
+    "dask.task.key": "('add-6f1c0e2b9d7a4c3e8b5f', 12)",
+    "dask.task.prefix": "add",
+    "dask.task.group": "add-6f1c0e2b9d7a4c3e8b5f",
+    "dask.task.state": "memory",
+    "dask.task.attempts": 1,
+    "dask.worker.address": "tcp://10.0.0.12:40123",
+    "dask.task.nbytes": 28,
+}
+EVENT = {
+    "dask.stimulus.id": "task-finished-1732412345.123",
+    "dask.worker.address": "tcp://10.0.0.12:40123",
+}
+
+
+class Keeping(SpanExporter):
+    """Keeps the last span it was given."""
+
+    span: ReadableSpan | None = None
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.span = spans[-1]
+        return SpanExportResult.SUCCESS
+
+
+def per_call(step: Callable[[], object], calls: int, per: int = 1) -> float:
+    """Microseconds of this thread's CPU per unit (a call handles ``per`` units)."""
+    started = time.thread_time()
+    for _ in range(calls):
+        step()
+    return (time.thread_time() - started) / calls / per * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spans", type=int, default=20_000)
+    args = parser.parse_args()
+    kept = Keeping()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(kept))
+    tracer = provider.get_tracer("dask_otel")
+    parent = trace.set_span_in_context(trace.NonRecordingSpan(PARENT))
+
+    def build() -> None:
+        span = tracer.start_span("task add", context=parent, attributes=ATTRIBUTES, links=LINKS)
+        span.add_event("processing", EVENT)
+        span.end()
+
+    build()
+    span = kept.span
+    shared = sdk._SharedObjects()
+    values = sdk.compact(span, shared)
+    batch = [span] * 512
+    print(f"CPU us per span (median of 5 runs of {args.spans:,} spans each):")
+    steps = {
+        "start_span, add_event, end (the SDK's span)": lambda: per_call(build, args.spans),
+        "compact (queued by dask-otel's processor)": lambda: per_call(
+            lambda: sdk.compact(span, shared), args.spans
+        ),
+        "rebuild (for the exporter)": lambda: per_call(
+            lambda: sdk.rebuild(values, shared), args.spans
+        ),
+        "OTLP encoding (batches of 512)": lambda: per_call(
+            lambda: encode_spans(batch).SerializeToString(), max(1, args.spans // 512), 512
+        ),
+    }
+    for name, measure in steps.items():
+        runs = sorted(measure() for _ in range(5))
+        print(f"  {name:<46} {runs[2]:6.1f}  (min {runs[0]:.1f}, max {runs[-1]:.1f})")
+
+
+if __name__ == "__main__":
+    main()
