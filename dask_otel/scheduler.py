@@ -221,14 +221,15 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
             if annotation is not None and annotation != carrier and ids.decode(annotation):
                 continue  # created by an earlier graph: its span lives in that trace
             created.append(ts)
-        ratio = self._span_ratio(len(created))
+        filtered = self._settings.include_prefixes or self._settings.exclude_prefixes
+        # The prefix filters choose first; the span budget is shared by the tasks they keep.
+        chosen = [not filtered or self._prefix_traced(ts.prefix.name) for ts in created]
+        ratio = self._span_ratio(sum(chosen))
         thinned = ids.encode(ids.with_sampled(graph.carrier, False))
         if self._settings.task_spans:  # the worker reports a thinned task if slow or failed
             thinned += ids.THINNED
-        filtered = self._settings.include_prefixes or self._settings.exclude_prefixes
-        for ts in created:
+        for ts, kept in zip(created, chosen, strict=True):
             prefix = ts.prefix.name
-            kept = not filtered or self._prefix_traced(prefix)
             if kept and ratio < 1:
                 kept = ids.keep_task(graph.carrier, ids.key_to_str(ts.key), ratio)
             if ts.annotations is None:

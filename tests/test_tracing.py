@@ -662,6 +662,26 @@ def test_excluded_prefixes_get_no_task_spans(telemetry):
     assert telemetry.spans("task sum") and telemetry.spans("execute sum")
 
 
+def double(x):
+    return 2 * x
+
+
+def test_the_span_budget_goes_to_the_tasks_the_prefix_filters_keep(telemetry):
+    """One graph of 40 tasks, 10 of them chosen by prefix, a budget of 10 spans: every
+    chosen task is traced (the budget is not spread over the tasks the filter left out)."""
+    settings = {"otel.task.max-spans-per-graph": 10, "otel.task.include-prefixes": ["inc"]}
+    graph = [dask.delayed(inc)(i) for i in range(10)] + [
+        dask.delayed(double)(i) for i in range(30)
+    ]
+    with dask.config.set(settings), cluster_and_client() as (_, client):
+        assert client.gather(client.compute(graph)) == [*range(1, 11), *range(0, 60, 2)]
+        flush_emitters(client)
+    (graph_span,) = telemetry.spans("graph")
+    assert graph_span.attributes["dask.graph.tasks"] == 40
+    assert len(telemetry.spans("task inc")) == len(telemetry.spans("execute inc")) == 10
+    assert not telemetry.spans("task double") and not telemetry.spans("execute double")
+
+
 def test_thinned_tasks_that_fail_or_are_slow_are_kept(telemetry):
     settings = {"otel.task.sample-ratio": 0.0, "otel.task.keep-slower-than": "100ms"}
     with dask.config.set(settings), cluster_and_client() as (_, client):
