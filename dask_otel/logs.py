@@ -7,8 +7,11 @@ bridge also attaches to the ``distributed`` logger then; Dask's stderr output st
 is. Every exporting handler (ours, or the one ``opentelemetry-instrumentation-logging``
 put on the root) gets :class:`DaskRecordFilter`: each record is exported once, stamped
 with the cluster, worker and task it came from. Their translation into OpenTelemetry is
-wrapped (:func:`exported`) to cap and redact what leaves the process; the Python record
-itself, which other handlers such as Dask's stderr one format too, is never changed.
+wrapped (:func:`exported`) to cap and redact what leaves the process (the Python record,
+which other handlers such as Dask's stderr one format too, only gains ``dask.*`` and
+``exception.*`` fields), and their ``emit`` so that a record that cannot be exported
+(a bad format string, say) is reported by ``handleError`` like any handler's, never raised
+into the code that logged it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import weakref
 from typing import Any
 
 from distributed.worker import thread_state
@@ -63,13 +67,15 @@ class DaskRecordFilter(logging.Filter):
         super().__init__()
         self.max_length = max_length
         # Every handler a record reaches runs in one callHandlers on the emitting thread:
-        # remembering the last record per thread is enough to export it once.
+        # remembering the last record per thread is enough to export it once. Weakly: a
+        # record's traceback holds its frames' locals (a task's data) until it is gone.
         self._last = threading.local()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if getattr(self._last, "record", None) is record:
+        last = getattr(self._last, "record", None)
+        if last is not None and last() is record:
             return False
-        self._last.record = record
+        self._last.record = weakref.ref(record)
         fields = record.__dict__
         fields.update(identity)
         key = getattr(thread_state, "key", None)  # set while a task runs in this thread
@@ -117,10 +123,10 @@ class DaskRecordFilter(logging.Filter):
         attributes = dict(exported.attributes or {})
         if errors.redaction.log_bodies:
             body = record.msg if isinstance(record.msg, str) else errors.REDACTED
-        elif errors.redaction.exception_messages and (
-            record.exc_info or formatted or _is_compute_failed(record)
-        ):
-            body = _message_without_exception(record)
+        elif _is_compute_failed(record):
+            body = _compute_failed_message(record, errors.redaction.exception_messages)
+        elif errors.redaction.exception_messages and (record.exc_info or formatted):
+            body = _message(record)
         if isinstance(body, str):
             body = ids.cap(body, limit * BODY_LENGTH_FACTOR)
         for name, factor in (("exception.message", 4), ("exception.stacktrace", 16)):
@@ -139,15 +145,26 @@ def _is_compute_failed(record: logging.LogRecord) -> bool:
     return record.name == "distributed.worker" and str(record.msg).startswith("Compute Failed")
 
 
-def _message_without_exception(record: logging.LogRecord) -> str:
-    """The record's message with Dask's exception text and traceback redacted."""
+def _message(record: logging.LogRecord) -> str:
+    """The record's message, without the exception a formatter would append."""
     try:
-        args = record.args
-        if _is_compute_failed(record) and isinstance(args, tuple) and len(args) >= 5:
-            return str(record.msg) % (*args[:3], errors.REDACTED, errors.REDACTED, *args[5:])
         return record.getMessage()
     except Exception:
         return str(record.msg) if isinstance(record.msg, str) else errors.REDACTED
+
+
+def _compute_failed_message(record: logging.LogRecord, redact_exception: bool) -> str:
+    """Dask's "Compute Failed" message without the task itself: Dask prints it as
+    ``fail(...)`` for ``submit``, but with its arguments for a graph of literal values
+    (``client.get``, ``DataNode``). The exception text and traceback go when redacted."""
+    args = record.args
+    if not (isinstance(args, tuple) and len(args) >= 5):
+        return errors.REDACTED
+    exception = (errors.REDACTED, errors.REDACTED) if redact_exception else args[3:5]
+    try:
+        return str(record.msg) % (*args[:2], errors.REDACTED, *exception, *args[5:])
+    except Exception:
+        return errors.REDACTED
 
 
 def _wrap_translation(handler: logging.Handler) -> None:
@@ -175,9 +192,28 @@ def _wrap_translation(handler: logging.Handler) -> None:
     handler._translate = _translate  # type: ignore[attr-defined]
 
 
+def _guard_emit(handler: logging.Handler) -> None:
+    """Make ``handler`` report its own failures (``handleError``, as the standard library's
+    handlers do) instead of raising them into the code that logged: the OpenTelemetry
+    handler lets an error in ``getMessage`` escape, which would fail a task that logs."""
+    emit = handler.emit
+    if getattr(emit, "_dask_otel", False):
+        return
+
+    def _emit(record: logging.LogRecord) -> None:
+        try:
+            emit(record)
+        except Exception:
+            handler.handleError(record)
+
+    _emit._dask_otel = True  # type: ignore[attr-defined]
+    handler.emit = _emit  # type: ignore[method-assign]
+
+
 def _unwrap_translation(handler: logging.Handler) -> None:
-    if getattr(handler.__dict__.get("_translate"), "_dask_otel", False):
-        del handler.__dict__["_translate"]
+    for name in ("_translate", "emit"):
+        if getattr(handler.__dict__.get(name), "_dask_otel", False):
+            del handler.__dict__[name]
 
 
 _handler: LoggingHandler | None = None
@@ -215,6 +251,7 @@ def install(
         # and keep them from being exported twice.
         root_handler.addFilter(_filter)
         _wrap_translation(root_handler)
+        _guard_emit(root_handler)
         _attached.append((logging.getLogger(), root_handler, False))
     for name in loggers:
         logger = logging.getLogger(name or None)
@@ -224,6 +261,7 @@ def install(
         handler = existing or _handler
         handler.addFilter(_filter)
         _wrap_translation(handler)
+        _guard_emit(handler)
         if existing is None:
             logger.addHandler(handler)
         _attached.append((logger, handler, existing is None))

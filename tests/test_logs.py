@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import gc
 import logging
+import weakref
 
 import pytest
+from _pytest.logging import LogCaptureHandler
 from conftest import flush_emitters, in_process_cluster
 from distributed import Client, LocalCluster
+
+from dask_otel import logs
 
 
 def log_marker(x: int) -> int:
@@ -61,6 +66,37 @@ def test_compute_failed_record_is_correlated_and_described(telemetry, cluster_cl
     assert "broken 3" in record.attributes["exception.message"]
     assert "in fail" in record.attributes["exception.stacktrace"]
     assert record.attributes["dask.task.key"] == future.key
+
+
+def log_badly(x: int) -> int:
+    logging.getLogger("user.code").warning("%d items", "not a number")
+    return x
+
+
+def test_a_record_that_cannot_be_formatted_fails_no_task(
+    telemetry, cluster_client, capsys, monkeypatch
+):
+    """As with plain logging, a bad format string is reported (``handleError``), never
+    raised into the task that logged it."""
+    root = logging.getLogger()
+    # pytest's own capturing handlers raise what they cannot format: not what users run.
+    kept = [h for h in root.handlers if not isinstance(h, LogCaptureHandler)]
+    monkeypatch.setattr(root, "handlers", kept)
+    assert cluster_client.submit(log_badly, 7).result() == 7
+    assert "--- Logging error ---" in capsys.readouterr().err
+
+
+def test_the_filter_keeps_no_record_alive():
+    """A record's traceback holds its frames' locals (a task's data): the filter that
+    exports each record once must not keep the last one alive."""
+    record_filter = logs.DaskRecordFilter()
+    record = logging.LogRecord("user.code", logging.ERROR, __file__, 1, "failed", None, None)
+    assert record_filter.filter(record)
+    assert not record_filter.filter(record)  # seen by a second handler: exported once
+    gone = weakref.ref(record)
+    del record
+    gc.collect()
+    assert gone() is None
 
 
 def test_removed_worker_is_an_event_record(telemetry, cluster_client):

@@ -226,6 +226,8 @@ def test_task_arguments_and_results_are_never_exported(telemetry):
         assert dask.delayed(echo)(dask.delayed(make_result)(ARG)).compute() == f"{RESULT}!"
         with pytest.raises(ValueError):
             client.submit(fail_on, ARG).result()
+        with pytest.raises(ValueError):  # Dask's "Compute Failed" prints this task's argument
+            client.get({"literal": (fail_on, ARG)}, "literal")
         assert client.submit(log_own_words, ARG).result() == ARG
         flush_emitters(client)
         metrics = telemetry.metric_reader.get_metrics_data().to_json()

@@ -670,9 +670,7 @@ def test_the_span_budget_goes_to_the_tasks_the_prefix_filters_keep(telemetry):
     """One graph of 40 tasks, 10 of them chosen by prefix, a budget of 10 spans: every
     chosen task is traced (the budget is not spread over the tasks the filter left out)."""
     settings = {"otel.task.max-spans-per-graph": 10, "otel.task.include-prefixes": ["inc"]}
-    graph = [dask.delayed(inc)(i) for i in range(10)] + [
-        dask.delayed(double)(i) for i in range(30)
-    ]
+    graph = [dask.delayed(inc)(i) for i in range(10)] + [dask.delayed(double)(i) for i in range(30)]
     with dask.config.set(settings), cluster_and_client() as (_, client):
         assert client.gather(client.compute(graph)) == [*range(1, 11), *range(0, 60, 2)]
         flush_emitters(client)
