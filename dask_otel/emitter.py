@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 import weakref
 from collections import deque
@@ -118,6 +119,14 @@ class SpanEmitter:
         except Exception:
             report_once(logger, "emit", "dask-otel: building a span failed (said once)")
 
+    def _forget_parent(self) -> None:
+        """In a forked child: the parent's thread is not here, and what it had queued is
+        the parent's to emit (the child would emit it twice, at its exit)."""
+        self._pending.clear()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = None
+
     def _retire(self) -> bool:
         """End this thread unless work arrived: ``submit`` sees None and starts another."""
         with self._lock:
@@ -163,6 +172,19 @@ def shared() -> SpanEmitter:
         else:
             _drain_before_sdk_exit()
         return _shared
+
+
+def _after_fork_in_child() -> None:
+    """A child forked while an emitter's thread ran (a Nanny's worker started with the
+    ``fork`` method, in a process whose scheduler or client traces) starts threads of its
+    own: otherwise its emitters would wait forever for a thread that stayed behind."""
+    global _shared_lock
+    _shared_lock = threading.Lock()
+    for emitter in list(_emitters):
+        emitter._forget_parent()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def drain(emitter: SpanEmitter, providers: telemetry.Providers, timeout: float) -> None:

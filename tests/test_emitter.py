@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import time
 
@@ -92,3 +93,23 @@ def test_the_thread_pauses_between_slices_of_work_unless_far_behind(monkeypatch)
     # After call i, 240 - i records wait (the flush's own too): pauses from call 41 on.
     assert max(gaps[:40]) < 0.03
     assert sum(gap >= 0.03 for gap in gaps[40:]) >= 3  # 2 ms in 0.2 ms slices: ~10
+
+
+def test_a_forked_child_starts_its_own_thread_and_leaves_the_parents_backlog():
+    """A Nanny's worker started with the ``fork`` method, from a process whose emitter is
+    busy: the child must emit with a thread of its own (the parent's did not come along),
+    and not emit what the parent had queued (the parent does)."""
+    emitter = SpanEmitter("test-emitter-fork")
+    busy, release = threading.Event(), threading.Event()
+    seen: list[str] = []
+    emitter.submit(lambda: (busy.set(), release.wait(10)))
+    assert busy.wait(5)  # the thread is working ...
+    emitter.submit(seen.append, "parent")  # ... and this waits for it
+    pid = os.fork()
+    if pid == 0:  # the child: report through the exit code, never return into pytest
+        emitter.submit(seen.append, "child")
+        os._exit(0 if emitter.flush(5) and seen == ["child"] else 1)
+    release.set()
+    assert os.waitpid(pid, 0)[1] == 0
+    assert emitter.flush(5)
+    assert seen == ["parent"]
