@@ -5,8 +5,9 @@ on the SDK's metric thread, when a reader collects: nothing is added to the sche
 or the worker's hot path. Callbacks take atomic snapshots (``list(d.items())``,
 ``dict(d)``: single C calls under the GIL) of Dask's live dicts before looping over them;
 the one Dask call that loops over live sets itself (``adaptive_target``) is guarded.
-The one instrument recorded inline is ``dask.task.duration``, a histogram per attempt on
-the worker. ``dask.task.prefix`` is the only task-derived attribute.
+The histograms recorded per event (``dask.task.duration`` per attempt, the transfer
+duration and bytes per fetch) are recorded by the span emitter's thread, off the event
+loop. ``dask.task.prefix`` is the only task-derived attribute.
 
 :data:`INSTRUMENTS` is the catalog (README and the Grafana dashboard are checked against
 it); each meter provider gets one set of instruments, fed by every scheduler and worker
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from time import time
 from typing import TYPE_CHECKING, Any, get_args
 
+from distributed.scheduler import ALL_TASK_STATES
 from distributed.worker_state_machine import TaskStateState
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -43,6 +45,9 @@ WORKER_TASK_STATES = (
     *get_args(TaskStateState),
     "disk",
 )
+#: Scheduler task states reported even when no task is in them, as Dask's Prometheus
+#: collector does: a series that vanishes at zero reads as "no data", not as none.
+SCHEDULER_TASK_STATES = tuple(sorted(ALL_TASK_STATES - {"forgotten"}))
 
 
 @dataclass(frozen=True)
@@ -272,10 +277,9 @@ def _observe_scheduler(s: Any, base: Attributes) -> Iterator[tuple[str, float, A
         forgotten += counts.get("forgotten", 0)  # grows only, unlike tp.states
         for state in ("memory", "erred"):
             yield "dask.task.finished", counts.get(state, 0), {**prefix, "dask.task.state": state}
-    totals.pop("forgotten", None)
     yield "dask.scheduler.tasks.forgotten", forgotten, base
-    for state, count in totals.items():
-        yield "dask.scheduler.tasks", count, {**base, "dask.task.state": state}
+    for state in SCHEDULER_TASK_STATES:
+        yield "dask.scheduler.tasks", totals.get(state, 0), {**base, "dask.task.state": state}
     yield from _observe_extensions(dict(s.extensions), base)
     yield from _observe_server(s, "dask.scheduler", base)
 

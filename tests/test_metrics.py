@@ -76,6 +76,17 @@ def test_every_instrument_reports_with_identity(telemetry):
     assert sum(p.value for p in workers_by_state) == 2
 
 
+def test_scheduler_task_states_are_reported_at_zero(telemetry):
+    """A scheduler that holds no task (none yet, or none since a restart cleared them)
+    reports every state at 0, as Dask's Prometheus collector does, rather than no series."""
+    with in_process_cluster():
+        found = points_by_name(telemetry.metric_reader)
+    _, points = found["dask.scheduler.tasks"]
+    states = {p.attributes["dask.task.state"]: p.value for p in points}
+    expected = {"released", "waiting", "no-worker", "queued", "processing", "memory", "erred"}
+    assert states == dict.fromkeys(expected, 0)
+
+
 def test_closed_servers_stop_reporting(telemetry):
     with in_process_cluster(n_workers=1) as client:
         assert client.submit(sum, [1, 2]).result() == 3
