@@ -65,6 +65,7 @@ class _Task:
         "dependencies",
         "dropped_events",
         "end_ns",
+        "erred_attempt",
         "error",
         "events",
         "graph",
@@ -95,6 +96,8 @@ class _Task:
         self.events: tuple[tuple[str, int, str | None, str | None], ...] = ()
         self.dropped_events = 0
         self.attempts = 0
+        #: An attempt failed and was retried: its worker reported it, whatever the thinning.
+        self.erred_attempt = False
         self.worker: str | None = None
         #: Every worker it was sent to, once each, when more than one.
         self.workers: list[str] | None = None
@@ -301,9 +304,12 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         # but for waiting and queued before the first attempt: the span's start is the
         # submission, and the time to the first ``processing`` is spent in those. Thinned
         # tasks record none.
-        elif record.kept and start != finish and (record.attempts or finish not in BEFORE_RUN):
-            event = (finish, time_ns(), stimulus_id, worker)
-            record.add_event(event, self._settings.max_task_events)
+        elif record.kept:
+            if start != finish and (record.attempts or finish not in BEFORE_RUN):
+                event = (finish, time_ns(), stimulus_id, worker)
+                record.add_event(event, self._settings.max_task_events)
+        elif start == "processing" and stimulus_id and stimulus_id.startswith("task-erred"):
+            record.erred_attempt = True  # retried (to waiting), or released by a restart
 
     def _finish(self, record: _Task, state: str, now: int, kwargs: dict[str, Any]) -> None:
         del self._tasks[record.key]
@@ -325,9 +331,12 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
             if record.error["cause"] is None and ts is not None and ts.exception_blame:
                 # Dependents of a failed task are erred without kwargs; Dask blames one.
                 record.error["cause"] = ts.exception_blame.key
-        # Thinned tasks still get a span when they failed or were slow: the worker, which
-        # sees the same failure and compute time, emits its execute span too.
-        failed = state == "erred" and record.error["cause"] in (None, record.key)  # type: ignore[index]
+        # Thinned tasks still get a span when an attempt failed (retried or not) or was
+        # slow: the worker, which sees the same failure and compute time, emits its
+        # execute span too, whose parent this span is.
+        failed = record.erred_attempt or (
+            state == "erred" and record.error["cause"] in (None, record.key)  # type: ignore[index]
+        )
         settings = self._settings
         if record.kept or (
             settings.task_spans and (failed or record.compute_seconds > settings.keep_slower_than)

@@ -7,6 +7,7 @@ its scheduler and workers dask-otel's plugins and all spans land in memory.
 from __future__ import annotations
 
 import logging
+import os
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -678,6 +679,31 @@ def test_the_span_budget_goes_to_the_tasks_the_prefix_filters_keep(telemetry):
     assert graph_span.attributes["dask.graph.tasks"] == 40
     assert len(telemetry.spans("task inc")) == len(telemetry.spans("execute inc")) == 10
     assert not telemetry.spans("task double") and not telemetry.spans("execute double")
+
+
+def fail_once(marker: str) -> str:
+    """Fails the first time it runs (``marker``: a path), then succeeds."""
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        raise ValueError("first attempt")
+    return "second attempt"
+
+
+def test_a_thinned_task_that_failed_once_keeps_the_parent_of_its_failed_attempt(
+    telemetry, tmp_path
+):
+    """The worker reports the failed attempt of a thinned task; the task succeeds on its
+    retry, and its ``task`` span is kept all the same: no ``execute`` span is orphaned."""
+    with dask.config.set({"otel.task.sample-ratio": 0.0}), cluster_and_client() as (_, client):
+        marker = str(tmp_path / "failed-once")
+        assert client.submit(fail_once, marker, retries=1).result() == "second attempt"
+        flush_emitters(client)
+    (task,) = telemetry.spans("task fail_once")
+    assert task.attributes["dask.task.state"] == "memory"
+    assert task.attributes["dask.task.attempts"] == 2
+    (execute,) = telemetry.spans("execute fail_once")  # the failed attempt only
+    assert execute.status.status_code == StatusCode.ERROR
+    assert execute.parent.span_id == task.context.span_id
 
 
 def test_thinned_tasks_that_fail_or_are_slow_are_kept(telemetry):
