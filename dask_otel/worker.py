@@ -160,21 +160,27 @@ class TransferTracer(_InstancePatch):
         attributes), or None."""
         if not self.settings.transfer_spans:
             return None  # the metrics above are still recorded
-        served = []
+        # Each task once (a task whose inputs come together is every one's dependent), and
+        # no more than the span can name: a key that thousands of tasks share is not walked.
+        wanted = self.settings.max_task_links + 1
+        served: dict[str, tuple[trace.SpanContext, str]] = {}  # by key
         tasks = self.worker.state.tasks
         for key in keys:
             ts = tasks.get(key)
             for dependent in ts.dependents if ts is not None else ():
                 traced = ids.traced_task(dependent.annotations, dependent.key)
                 if traced is not None:
-                    served.append(traced)
-            if len(served) > self.settings.max_task_links:
+                    served[traced[1]] = traced
+                    if len(served) == wanted:
+                        break
+            if len(served) == wanted:
                 break
         if not served:
             return None
+        parent, *links = served.values()
         return (
-            served[0],
-            served[1 : self.settings.max_task_links + 1],
+            parent,
+            links,
             {
                 **self.attributes,
                 "dask.peer.address": peer,

@@ -762,3 +762,22 @@ def test_transfer_and_get_data_join_the_traces_of_their_tasks(telemetry):
     assert get_data.kind == SpanKind.SERVER
     assert get_data.attributes["dask.worker.address"] == a
     assert get_data.attributes["dask.transfer.bytes"] > 0
+
+
+def test_a_transfer_serving_one_task_links_to_nothing(telemetry):
+    """Both inputs of one task fetched together: the transfer's parent is that task, and
+    it links to no task twice (nor to its own parent)."""
+    with cluster_and_client() as (_, client):
+        a, b = sorted(client.scheduler_info()["workers"])
+        x1 = client.submit(inc, 1, workers=[a], key="x-1")
+        x2 = client.submit(inc, 2, workers=[a], key="x-2")
+        assert client.gather([x1, x2]) == [2, 3]
+        z = client.submit(sum, [x1, x2], workers=[b], key="z-1")
+        assert z.result() == 5
+        flush_emitters(client)
+
+    spans = telemetry.spans()
+    transfer = only(spans, "transfer")
+    assert transfer.attributes["dask.transfer.keys"] == 2
+    assert transfer.parent.span_id == only(spans, "task z").context.span_id
+    assert not transfer.links
