@@ -500,9 +500,10 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
     async def teardown(self, worker: Worker) -> None:
         if self._tracer is None:
             return
+        # The reverse of setup: the rpc wrappers went around the patched handlers.
+        worker.handlers.update(self._handlers)
         for patch in self._patches:
             patch.uninstall()
-        worker.handlers.update(self._handlers)
         closing = self._tracer.spans.emitter
         self._tracer = None
         self._identity.cancel()

@@ -83,6 +83,20 @@ def test_always_recorded_ops_get_client_and_server_spans(telemetry):
     assert not [s for s in rpc_spans(telemetry) if s.name == "rpc identity"]
 
 
+async def _teardown_leaves_dask_s_handler(dask_worker) -> bool:
+    await dask_worker.plugins[dask_otel.PLUGIN_NAME].teardown(dask_worker)
+    return dask_worker.handlers["get_data"] == dask_worker.get_data
+
+
+def test_worker_teardown_restores_an_always_recorded_patched_handler(telemetry):
+    """``get_data`` is patched (``get_data`` spans) and wrapped (``rpc get_data`` spans):
+    teardown must undo both, or a later setup would trace it twice."""
+    config = {"otel.rpc.always-record": ["get_data"]}
+    with dask.config.set(config), in_process_cluster(n_workers=1) as client:
+        assert client.submit(inc, 1).result() == 2
+        assert list(client.run(_teardown_leaves_dask_s_handler).values()) == [True]
+
+
 def test_rpc_spans_switched_off(telemetry):
     tracer = telemetry.tracer_provider.get_tracer("user")
     config = {"otel.spans.rpc": False, "otel.rpc.always-record": ["who_has"]}
