@@ -33,10 +33,11 @@ def activate(role: str) -> Settings | None:
     from dask_otel import errors, logs, rpc, sdk, telemetry  # imports the SDK: not in hooks
 
     try:
-        sdk.configure(role)
+        configured = sdk.configure(role)
     except Exception as e:
-        # A typo in an OTEL_* variable must not stop a cluster: run it untraced, say so.
         sdk.configuration_failed(e)
+        configured = False
+    if not configured:  # a typo in an OTEL_* variable must not stop a cluster: untraced
         return None
     errors.set_redaction(settings)
     if settings.logs_enabled:

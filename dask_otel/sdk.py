@@ -114,6 +114,11 @@ def _service_name(role: str | None) -> dict[str, str]:
     return {"service.name": SERVICE_NAMES[role]}
 
 
+#: Why configuring from ``OTEL_*`` failed in this process, if it did: the process runs
+#: untraced, and no later entry point (a client's every submission) tries again.
+_failure: Exception | None = None
+
+
 class DaskOtelConfigurator(_OTelSDKConfigurator):
     """``opentelemetry_configurator`` entry point: the SDK, configured for a Dask process."""
 
@@ -137,6 +142,8 @@ class DaskOtelConfigurator(_OTelSDKConfigurator):
         except Exception as e:
             # Raised here, opentelemetry-instrument would print it and load no
             # instrumentor at all: say what is wrong once, and let the process run.
+            global _failure
+            _failure = e
             configuration_failed(e)
             return
         _register_dropped_counter()
@@ -201,16 +208,20 @@ def configuration_failed(error: Exception) -> None:
     )
 
 
-def configure(role: str) -> None:
-    """Make sure this process exports telemetry, named after ``role``.
+def configure(role: str) -> bool:
+    """Make sure this process exports telemetry, named after ``role``; False if it cannot
+    (configuring from ``OTEL_*`` failed, now or before: said once, not tried again).
 
     Configures the SDK when nothing did yet; names the providers dask-otel configured
     before the role was known; leaves other configurations alone.
     """
+    if _failure is not None:
+        return False
     if not telemetry.is_configured():
         DaskOtelConfigurator().configure(role=role)
     elif _owned is not None and _owned.role is None:
         _retag(role)
+    return _failure is None
 
 
 def _retag(role: str) -> None:

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import logging
 import operator
+import os
 import pickle
+import subprocess
+import sys
 from contextlib import contextmanager
 
 import dask
@@ -413,3 +416,22 @@ def test_garbage_otel_variables_in_a_real_worker(receiver, processes):
     said = [line for line in logs["fatal"].splitlines() if line.startswith("dask-otel: cannot")]
     assert len(said) == 1, logs["fatal"]
     assert "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT" in said[0]
+
+
+def test_an_sdk_that_cannot_be_configured_leaves_the_process_untraced_and_is_not_retried():
+    """Every client submission activates dask-otel: after one failed attempt it must say
+    so once and stay off, not build the SDK again (and again say nothing)."""
+    script = (
+        "import logging; logging.basicConfig()\n"
+        "from dask_otel.activation import activate\n"
+        "print([activate('client') for _ in range(3)])\n"
+    )
+    env = {**os.environ, "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "huge"}
+    env.pop("OTEL_SDK_DISABLED", None)
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[None, None, None]"
+    said = [line for line in out.stderr.splitlines() if "dask-otel: cannot configure" in line]
+    assert len(said) == 1, out.stderr
