@@ -20,6 +20,7 @@ import logging
 import re
 import threading
 import weakref
+from collections import Counter
 from typing import Any
 
 from distributed.worker import thread_state
@@ -40,6 +41,30 @@ _EXCEPTION_TYPE = re.compile(r"([A-Za-z_][\w.]*)")
 #: Identity of this process, added to every exported record (filled by the plugins).
 identity: dict[str, str] = {}
 _workers: set[str] = set()
+#: Schedulers and workers running in this process, by cluster id.
+_clusters: Counter[str] = Counter()
+
+
+def add_cluster(cluster_id: str) -> None:
+    """A scheduler or worker of cluster ``cluster_id`` runs in this process."""
+    _clusters[cluster_id] += 1
+    _name_cluster()
+
+
+def remove_cluster(cluster_id: str) -> None:
+    """It closed: a process outliving its cluster (a client that closed its
+    ``LocalCluster``) no longer names it."""
+    _clusters[cluster_id] -= 1
+    if _clusters[cluster_id] <= 0:
+        del _clusters[cluster_id]
+    _name_cluster()
+
+
+def _name_cluster() -> None:
+    if len(_clusters) == 1:
+        identity["dask.cluster.id"] = next(iter(_clusters))
+    else:  # none, or several in one process: records cannot say which
+        identity.pop("dask.cluster.id", None)
 
 
 def add_worker(address: str) -> None:

@@ -166,7 +166,7 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
             settings.max_attribute_length,
             settings.logs_exclude_event_topics,
         )
-        logs.identity["dask.cluster.id"] = self._cluster_id
+        logs.add_cluster(self._cluster_id)
         self._handlers = rpc.trace_handlers(scheduler, tracer, settings)
 
     # -- graphs -------------------------------------------------------------------------
@@ -431,6 +431,7 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         )
         # After the final flush, whose collection still reads this scheduler.
         metrics.forget(self._meter_provider, self._scheduler)
+        logs.remove_cluster(self._cluster_id)
 
 
 def _dependency_links(dependencies: Iterable[tuple[Any, Any]]) -> list[Link]:

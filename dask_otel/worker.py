@@ -449,7 +449,7 @@ class ExecuteTracer(_InstancePatch):
             logger.warning("dask-otel: cannot read the scheduler's id, spans lack it: %r", e)
             return
         self.static_attributes["dask.cluster.id"] = identity["id"]
-        logs.identity["dask.cluster.id"] = identity["id"]
+        logs.add_cluster(identity["id"])
 
 
 class DaskOtelWorkerPlugin(WorkerPlugin):
@@ -505,6 +505,7 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
         for patch in self._patches:
             patch.uninstall()
         closing = self._tracer.spans.emitter
+        attributes = self._tracer.static_attributes
         self._tracer = None
         self._identity.cancel()
         # The last collection still reads this worker: flush first, then let it go.
@@ -513,3 +514,5 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
         )
         metrics.forget(self._meter_provider, worker)
         logs.remove_worker(worker.address)
+        if "dask.cluster.id" in attributes:  # the scheduler answered: named above
+            logs.remove_cluster(attributes["dask.cluster.id"])

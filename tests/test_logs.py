@@ -99,6 +99,18 @@ def test_the_filter_keeps_no_record_alive():
     assert gone() is None
 
 
+def test_a_process_that_outlives_its_cluster_no_longer_names_it(telemetry):
+    with in_process_cluster() as client:
+        cluster_id = client.scheduler_info()["id"]
+        assert client.submit(log_marker, 1).result() == 1
+        flush_emitters(client)
+    logging.getLogger("user.code").warning("after the cluster")
+    (during,) = records(telemetry, lambda r: r.body == "marker 1")
+    (after,) = records(telemetry, lambda r: r.body == "after the cluster")
+    assert during.attributes["dask.cluster.id"] == cluster_id
+    assert "dask.cluster.id" not in after.attributes
+
+
 def test_removed_worker_is_an_event_record(telemetry, cluster_client):
     client = cluster_client
     address = next(iter(client.scheduler_info()["workers"]))
