@@ -11,7 +11,7 @@ Three ways in:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Collection
+from collections.abc import Awaitable, Collection
 from typing import Any
 
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
@@ -62,29 +62,42 @@ class DaskInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         telemetry.set_overrides()
 
 
-def instrument(client: Any = None, **providers: Any) -> None:
+def instrument(client: Any = None, **providers: Any) -> Awaitable[None] | None:
     """Trace this process and, given a ``distributed.Client``, the cluster behind it.
 
     Configures the OpenTelemetry SDK from ``OTEL_*`` variables unless providers are
     passed (``tracer_provider=``, ``meter_provider=``, ``logger_provider=``) or something
     configured it already, then registers dask-otel's plugins on the scheduler and on
-    every current and future worker. Calling it again changes nothing.
+    every current and future worker. Calling it again changes nothing. With an
+    asynchronous client it returns an awaitable, as the client's own methods do:
+    ``await dask_otel.instrument(client)``.
     """
     instrumentor = DaskInstrumentor()
     if not instrumentor.is_instrumented_by_opentelemetry:
         instrumentor.instrument(**providers)
     if activate("client") is None or client is None:
-        return
-    client.register_plugin(DaskOtelSchedulerPlugin())
-    client.register_plugin(DaskOtelWorkerPlugin())
+        return None
+    return client.sync(_register_plugins, client)
 
 
-def uninstrument(client: Any = None) -> None:
-    """Undo :func:`instrument`: unregister the plugins and restore this process."""
+async def _register_plugins(client: Any) -> None:
+    await client.register_plugin(DaskOtelSchedulerPlugin())
+    await client.register_plugin(DaskOtelWorkerPlugin())
+
+
+def uninstrument(client: Any = None) -> Awaitable[None] | None:
+    """Undo :func:`instrument`: unregister the plugins and restore this process (an
+    awaitable with an asynchronous client)."""
     if client is not None:
-        client.run_on_scheduler(_detach_scheduler_plugin)
-        with contextlib.suppress(ValueError):  # never registered through this client
-            client.unregister_worker_plugin(PLUGIN_NAME)
+        return client.sync(_unregister_plugins, client)
+    DaskInstrumentor().uninstrument()
+    return None
+
+
+async def _unregister_plugins(client: Any) -> None:
+    await client.run_on_scheduler(_detach_scheduler_plugin)
+    with contextlib.suppress(ValueError):  # never registered through this client
+        await client.unregister_worker_plugin(PLUGIN_NAME)
     DaskInstrumentor().uninstrument()
 
 

@@ -6,6 +6,7 @@ its scheduler and workers dask-otel's plugins and all spans land in memory.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections import defaultdict
@@ -510,6 +511,31 @@ def test_zero_links_and_events(telemetry):
 
 
 # -- (j) instrument(client) -----------------------------------------------------------------
+
+
+def test_instrument_and_uninstrument_an_asynchronous_client(telemetry):
+    """With ``Client(asynchronous=True)`` both return awaitables, as the client's methods
+    do; before, they registered nothing and said nothing."""
+    dask_otel.DaskInstrumentor().uninstrument()  # a cluster without dask-otel to start
+
+    def plugins(dask_scheduler=None, dask_worker=None):
+        return "dask-otel" in (dask_scheduler or dask_worker).plugins
+
+    async def main() -> list[bool]:
+        async with (
+            LocalCluster(
+                n_workers=1, processes=False, asynchronous=True, dashboard_address="127.0.0.1:0"
+            ) as cluster,
+            Client(cluster, asynchronous=True) as client,
+        ):
+            seen = [await client.run_on_scheduler(plugins)]
+            await dask_otel.instrument(client, tracer_provider=telemetry.tracer_provider)
+            seen += [await client.run_on_scheduler(plugins), *(await client.run(plugins)).values()]
+            await dask_otel.uninstrument(client)
+            seen += [await client.run_on_scheduler(plugins), *(await client.run(plugins)).values()]
+            return seen
+
+    assert asyncio.run(main()) == [False, True, True, False, False]
 
 
 def test_instrument_client_twice_then_uninstrument(telemetry):
