@@ -235,7 +235,8 @@ def _guard_emit(handler: logging.Handler) -> None:
     handler.emit = _emit  # type: ignore[method-assign]
 
 
-def _unwrap_translation(handler: logging.Handler) -> None:
+def _unwrap(handler: logging.Handler) -> None:
+    """Undo :func:`_wrap_translation` and :func:`_guard_emit`."""
     for name in ("_translate", "emit"):
         if getattr(handler.__dict__.get(name), "_dask_otel", False):
             del handler.__dict__[name]
@@ -296,7 +297,7 @@ def uninstall() -> None:
     global _handler
     for logger, handler, added in _attached:
         handler.removeFilter(_filter)
-        _unwrap_translation(handler)
+        _unwrap(handler)
         if added:
             logger.removeHandler(handler)
     _attached.clear()
