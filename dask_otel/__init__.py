@@ -10,6 +10,7 @@ Three ways in:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Awaitable, Collection
 from typing import Any
@@ -75,30 +76,38 @@ def instrument(client: Any = None, **providers: Any) -> Awaitable[None] | None:
     instrumentor = DaskInstrumentor()
     if not instrumentor.is_instrumented_by_opentelemetry:
         instrumentor.instrument(**providers)
-    if activate("client") is None or client is None:
+    active = activate("client") is not None  # off: registers nothing, says why once
+    if client is None:
         return None
-    return client.sync(_register_plugins, client)
+    return client.sync(_register_plugins, client, active)
 
 
-async def _register_plugins(client: Any) -> None:
-    await client.register_plugin(DaskOtelSchedulerPlugin())
-    await client.register_plugin(DaskOtelWorkerPlugin())
+async def _register_plugins(client: Any, active: bool) -> None:
+    if active:
+        await client.register_plugin(DaskOtelSchedulerPlugin())
+        await client.register_plugin(DaskOtelWorkerPlugin())
 
 
 def uninstrument(client: Any = None) -> Awaitable[None] | None:
     """Undo :func:`instrument`: unregister the plugins and restore this process (an
     awaitable with an asynchronous client)."""
+    if client is not None and client.asynchronous:
+        return _uninstrument_asynchronous(client)
     if client is not None:
-        return client.sync(_unregister_plugins, client)
-    DaskInstrumentor().uninstrument()
+        client.sync(_unregister_plugins, client)
+    DaskInstrumentor().uninstrument()  # in the caller's thread: it may wait for a flush
     return None
+
+
+async def _uninstrument_asynchronous(client: Any) -> None:
+    await _unregister_plugins(client)
+    await asyncio.get_running_loop().run_in_executor(None, DaskInstrumentor().uninstrument)
 
 
 async def _unregister_plugins(client: Any) -> None:
     await client.run_on_scheduler(_detach_scheduler_plugin)
     with contextlib.suppress(ValueError):  # never registered through this client
         await client.unregister_worker_plugin(PLUGIN_NAME)
-    DaskInstrumentor().uninstrument()
 
 
 async def _detach_scheduler_plugin(dask_scheduler: Any) -> None:

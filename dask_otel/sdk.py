@@ -132,12 +132,12 @@ class DaskOtelConfigurator(_OTelSDKConfigurator):
         for name, value in ENV_DEFAULTS.items():
             os.environ.setdefault(name, value)
         attributes = {**(kwargs.pop("resource_attributes", None) or {}), **_service_name(role)}
-        directory = os.environ.get(FILE_EXPORT_DIR)
-        if directory:
-            kwargs["exporter_args_map"] = _file_exporter_paths(directory, role)
         for name, factory in _counting_processors().items():
             kwargs.setdefault(name, factory)
         try:
+            directory = os.environ.get(FILE_EXPORT_DIR)
+            if directory:
+                kwargs["exporter_args_map"] = _file_exporter_paths(directory, role)
             super()._configure(resource_attributes=attributes, **kwargs)
         except Exception as e:
             # Raised here, opentelemetry-instrument would print it and load no
@@ -215,13 +215,13 @@ def configure(role: str) -> bool:
     Configures the SDK when nothing did yet; names the providers dask-otel configured
     before the role was known; leaves other configurations alone.
     """
-    if _failure is not None:
-        return False
     if not telemetry.is_configured():
-        DaskOtelConfigurator().configure(role=role)
-    elif _owned is not None and _owned.role is None:
+        if _failure is None:
+            DaskOtelConfigurator().configure(role=role)
+        return _failure is None
+    if _owned is not None and _owned.role is None:
         _retag(role)
-    return _failure is None
+    return True  # by dask-otel, or by the user (after a failure of ours, too)
 
 
 def _retag(role: str) -> None:

@@ -538,6 +538,24 @@ def test_instrument_and_uninstrument_an_asynchronous_client(telemetry):
     assert asyncio.run(main()) == [False, True, True, False, False]
 
 
+def test_instrument_an_asynchronous_client_with_dask_otel_off(telemetry):
+    """Off (``otel.enabled: false``), ``await dask_otel.instrument(client)`` still works."""
+
+    async def main() -> bool:
+        async with (
+            LocalCluster(
+                n_workers=1, processes=False, asynchronous=True, dashboard_address="127.0.0.1:0"
+            ) as cluster,
+            Client(cluster, asynchronous=True) as client,
+        ):
+            await dask_otel.instrument(client)
+            await dask_otel.uninstrument(client)
+            return True
+
+    with dask.config.set({"otel.enabled": False}):
+        assert asyncio.run(main())
+
+
 def test_instrument_client_twice_then_uninstrument(telemetry):
     # Start from a cluster without dask-otel: the fixture's instrumentation would add it.
     dask_otel.DaskInstrumentor().uninstrument()
