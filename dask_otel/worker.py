@@ -13,6 +13,7 @@ import asyncio
 import functools
 import logging
 import traceback
+from itertools import islice
 from time import perf_counter, time_ns
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -49,6 +50,8 @@ logger = logging.getLogger(__name__)
 
 #: How long a worker keeps asking for the scheduler's id (``dask.cluster.id``).
 IDENTITY_TIMEOUT = 60.0
+#: Dependents of the keys a fetch brings that are looked at for traced tasks to serve.
+DEPENDENTS_EXAMINED = 256
 
 
 def _tracing_failed() -> None:
@@ -160,21 +163,21 @@ class TransferTracer(_InstancePatch):
         attributes), or None."""
         if not self.settings.transfer_spans:
             return None  # the metrics above are still recorded
-        # Each task once (a task whose inputs come together is every one's dependent), and
-        # no more than the span can name: a key that thousands of tasks share is not walked.
+        # Each task once (a task whose inputs come together is every one's dependent), no
+        # more than the span can name, and no more than DEPENDENTS_EXAMINED looked at: a
+        # key that thousands of (thinned) tasks share is not walked at every fetch.
         wanted = self.settings.max_task_links + 1
         served: dict[str, tuple[trace.SpanContext, str]] = {}  # by key
         tasks = self.worker.state.tasks
-        for key in keys:
-            ts = tasks.get(key)
-            for dependent in ts.dependents if ts is not None else ():
-                traced = ids.traced_task(dependent.annotations, dependent.key)
-                if traced is not None:
-                    served[traced[1]] = traced
-                    if len(served) == wanted:
-                        break
-            if len(served) == wanted:
-                break
+        dependents = (
+            dependent for ts in filter(None, map(tasks.get, keys)) for dependent in ts.dependents
+        )
+        for dependent in islice(dependents, DEPENDENTS_EXAMINED):
+            traced = ids.traced_task(dependent.annotations, dependent.key)
+            if traced is not None:
+                served[traced[1]] = traced
+                if len(served) == wanted:
+                    break
         if not served:
             return None
         parent, *links = served.values()
