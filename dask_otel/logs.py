@@ -17,6 +17,7 @@ into the code that logged it.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 import weakref
@@ -58,6 +59,17 @@ def remove_cluster(cluster_id: str) -> None:
     if _clusters[cluster_id] <= 0:
         del _clusters[cluster_id]
     _name_cluster()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child hosts none of its parent's schedulers and workers."""
+    _clusters.clear()
+    _workers.clear()
+    identity.pop("dask.cluster.id", None)
+    identity.pop("dask.worker.address", None)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _name_cluster() -> None:

@@ -17,6 +17,7 @@ registered with it in this process.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -479,6 +480,20 @@ def sources(meter_provider: metrics.MeterProvider) -> Sources:
             found = Sources(meter_provider.get_meter(SCOPE, __version__))
             _sources[meter_provider] = found
         return found
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (a Nanny's worker, with ``fork``) runs none of its parent's servers:
+    it must not report a frozen copy of the parent's scheduler or workers."""
+    global _sources_lock
+    _sources_lock = threading.Lock()
+    for found in list(_sources.values()):
+        found._lock = threading.Lock()
+        found._servers.clear()
+        found._generation = -1
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def observe_scheduler(meter_provider: metrics.MeterProvider, scheduler: Any) -> None:

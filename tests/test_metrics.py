@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import time
+
+import dask
 import dask.array as da
 from conftest import flush_emitters, in_process_cluster
-from distributed import Semaphore
+from distributed import Client, LocalCluster, Semaphore
 
 from dask_otel.metrics import INSTRUMENTS
 
@@ -105,3 +108,36 @@ def test_a_blocked_event_loop_shows_in_the_tick_maximum(telemetry):
         found = points_by_name(telemetry.metric_reader)
         (point,) = found["dask.scheduler.event_loop.tick.max_duration"][1]
         assert point.value >= 0.5
+
+
+def _observed(dask_worker) -> tuple[list[str], dict[str, int]]:
+    """What this worker's process reports metrics of, and the clusters its records name."""
+    from dask_otel import logs, metrics
+
+    observers = [
+        observe.__name__
+        for found in list(metrics._sources.values())
+        for _, observe, _ in found._servers.values()
+    ]
+    return observers, dict(logs._clusters)
+
+
+def test_a_forked_worker_reports_no_copy_of_its_parents_scheduler(telemetry):
+    """A Nanny worker started with ``fork`` from the scheduler's process inherits its
+    registrations: it must report its own worker only, not a frozen copy of the scheduler."""
+    settings = {"distributed.worker.multiprocessing-method": "fork"}
+    with (
+        dask.config.set(settings),
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
+            dashboard_address="127.0.0.1:0",
+        ) as cluster,
+        Client(cluster) as client,
+    ):  # fmt: skip
+        cluster_id = client.scheduler_info()["id"]
+        client.wait_for_workers(1)
+        deadline = time.monotonic() + 10  # the worker asks the scheduler for its id
+        while not (seen := next(iter(client.run(_observed).values())))[1]:
+            assert time.monotonic() < deadline, seen
+            time.sleep(0.05)
+    assert seen == (["_observe_worker"], {cluster_id: 1})
