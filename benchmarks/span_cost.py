@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 
 from dask_otel import sdk
 
@@ -47,14 +46,13 @@ EVENT = {
 }
 
 
-class Keeping(SpanExporter):
-    """Keeps the last span it was given."""
+class Keeping(SpanProcessor):
+    """Keeps the last span that ended, and does nothing else."""
 
     span: ReadableSpan | None = None
 
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        self.span = spans[-1]
-        return SpanExportResult.SUCCESS
+    def on_end(self, span: ReadableSpan) -> None:
+        self.span = span
 
 
 def per_call(step: Callable[[], object], calls: int, per: int = 1) -> float:
@@ -71,7 +69,7 @@ def main() -> None:
     args = parser.parse_args()
     kept = Keeping()
     provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(kept))
+    provider.add_span_processor(kept)
     tracer = provider.get_tracer("dask_otel")
     parent = trace.set_span_in_context(trace.NonRecordingSpan(PARENT))
 

@@ -212,21 +212,18 @@ def _wrap_translation(handler: logging.Handler) -> None:
     """
     translate = getattr(handler, "_translate", None)
     if translate is None:
-        if errors.redaction.exception_messages or errors.redaction.log_bodies:
-            logger.warning(
-                "dask-otel: cannot redact the records exported by %s: otel.redact.* do "
-                "not apply to them",
-                type(handler).__name__,
-            )
+        logger.warning(
+            "dask-otel: cannot cap or redact the records exported by %s (otel.redact.*, "
+            "and the task in Dask's Compute Failed record, which may show its arguments)",
+            type(handler).__name__,
+        )
         return
-    if getattr(translate, "_dask_otel", False):
-        return
+    if not _wrapped(translate):
 
-    def _translate(record: logging.LogRecord) -> Any:
-        return _filter.exported(record, translate(record), handler.formatter is not None)
+        def _translate(record: logging.LogRecord) -> Any:
+            return _filter.exported(record, translate(record), handler.formatter is not None)
 
-    _translate._dask_otel = True  # type: ignore[attr-defined]
-    handler._translate = _translate  # type: ignore[attr-defined]
+        _replace(handler, "_translate", _translate)
 
 
 def _guard_emit(handler: logging.Handler) -> None:
@@ -234,24 +231,38 @@ def _guard_emit(handler: logging.Handler) -> None:
     handlers do) instead of raising them into the code that logged: the OpenTelemetry
     handler lets an error in ``getMessage`` escape, which would fail a task that logs."""
     emit = handler.emit
-    if getattr(emit, "_dask_otel", False):
-        return
+    if not _wrapped(emit):
 
-    def _emit(record: logging.LogRecord) -> None:
-        try:
-            emit(record)
-        except Exception:
-            handler.handleError(record)
+        def _emit(record: logging.LogRecord) -> None:
+            try:
+                emit(record)
+            except Exception:
+                handler.handleError(record)
 
-    _emit._dask_otel = True  # type: ignore[attr-defined]
-    handler.emit = _emit  # type: ignore[method-assign]
+        _replace(handler, "emit", _emit)
+
+
+def _wrapped(method: Any) -> bool:
+    return hasattr(method, "_dask_otel_previous")
+
+
+def _replace(handler: logging.Handler, name: str, wrapper: Any) -> None:
+    """``wrapper`` as ``handler.<name>``, on this handler object only, remembering what
+    the object had there (another library's wrapper, or nothing: the class's method)."""
+    wrapper._dask_otel_previous = handler.__dict__.get(name)
+    setattr(handler, name, wrapper)
 
 
 def _unwrap(handler: logging.Handler) -> None:
     """Undo :func:`_wrap_translation` and :func:`_guard_emit`."""
     for name in ("_translate", "emit"):
-        if getattr(handler.__dict__.get(name), "_dask_otel", False):
-            del handler.__dict__[name]
+        current = handler.__dict__.get(name)
+        if _wrapped(current):
+            previous = current._dask_otel_previous
+            if previous is None:
+                del handler.__dict__[name]
+            else:
+                handler.__dict__[name] = previous
 
 
 _handler: LoggingHandler | None = None

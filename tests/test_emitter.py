@@ -107,8 +107,12 @@ def test_a_forked_child_starts_its_own_thread_and_leaves_the_parents_backlog():
     emitter.submit(seen.append, "parent")  # ... and this waits for it
     pid = os.fork()
     if pid == 0:  # the child: report through the exit code, never return into pytest
-        emitter.submit(seen.append, "child")
-        os._exit(0 if emitter.flush(5) and seen == ["child"] else 1)
+        code = 1
+        try:
+            emitter.submit(seen.append, "child")
+            code = 0 if emitter.flush(5) and seen == ["child"] else 1
+        finally:
+            os._exit(code)
     release.set()
     assert os.waitpid(pid, 0)[1] == 0
     assert emitter.flush(5)

@@ -86,6 +86,21 @@ def test_a_record_that_cannot_be_formatted_fails_no_task(
     assert "--- Logging error ---" in capsys.readouterr().err
 
 
+def test_uninstall_puts_back_what_another_library_wrapped():
+    handler = logging.StreamHandler()
+    seen = []
+    handler.emit = seen.append  # another library's wrapper, on this handler object
+    logs._guard_emit(handler)
+    handler.emit(logging.makeLogRecord({"msg": "through both"}))
+    assert handler.emit is not seen.append and len(seen) == 1
+    logs._unwrap(handler)
+    assert handler.emit == seen.append
+    plain = logging.StreamHandler()
+    logs._guard_emit(plain)
+    logs._unwrap(plain)
+    assert "emit" not in vars(plain)  # the class's method again
+
+
 def test_the_filter_keeps_no_record_alive():
     """A record's traceback holds its frames' locals (a task's data): the filter that
     exports each record once must not keep the last one alive."""
