@@ -65,8 +65,8 @@ def _after_fork_in_child() -> None:
     """A forked child hosts none of its parent's schedulers and workers."""
     _clusters.clear()
     _workers.clear()
-    identity.pop("dask.cluster.id", None)
-    identity.pop("dask.worker.address", None)
+    _name_cluster()
+    _name_worker()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -121,7 +121,7 @@ class DaskRecordFilter(logging.Filter):
             worker = getattr(thread_state, "execution_state", {}).get("worker")
             if worker is not None:
                 fields["dask.worker.address"] = worker.address
-        if record.name == "distributed.worker" and str(record.msg).startswith("Compute Failed"):
+        if _is_compute_failed(record):
             self._describe_failure(record)
         return True
 
