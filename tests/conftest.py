@@ -69,7 +69,8 @@ def telemetry() -> Iterator[Telemetry]:
 
 @contextmanager
 def in_process_cluster(n_workers: int = 2, **kwargs) -> Iterator[Client]:
-    """A client of an in-process LocalCluster (one thread per worker, loopback only)."""
+    """A client of a LocalCluster in this process (one thread per worker, loopback only);
+    ``processes=True, host="127.0.0.1"``: its workers in processes of their own."""
     options = {"threads_per_worker": 1, "processes": False, "dashboard_address": "127.0.0.1:0"}
     with (
         LocalCluster(n_workers=n_workers, **{**options, **kwargs}) as cluster,

@@ -26,8 +26,15 @@ import uuid
 import cloudpickle
 import dask
 import pytest
-from conftest import bin_path, flush_emitters, otel_env, start_scheduler, start_worker
-from distributed import Client, LocalCluster
+from conftest import (
+    bin_path,
+    flush_emitters,
+    in_process_cluster,
+    otel_env,
+    start_scheduler,
+    start_worker,
+)
+from distributed import Client
 from otlp_receiver import OTLPReceiver, StalledCollector, closed_port
 
 # The probes below run inside the scheduler and worker processes, which cannot import
@@ -305,12 +312,8 @@ def test_worker_killed_mid_task_is_a_lost_attempt(telemetry, monkeypatch):
     key = f"sleepy-{uuid.uuid4().hex[:6]}"
     with (
         dask.config.set({"distributed.scheduler.work-stealing": False}),
-        LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-            dashboard_address=":0",
-        ) as cluster,
-        Client(cluster) as client,
-    ):  # fmt: skip
+        in_process_cluster(processes=True, host="127.0.0.1") as client,
+    ):
         victim = next(iter(client.scheduler_info()["workers"]))
         pid = client.run(os.getpid, workers=[victim])[victim]
         future = client.submit(time.sleep, 3, key=key, workers=[victim], allow_other_workers=True)

@@ -7,8 +7,7 @@ import os
 
 import dask
 import pytest
-from conftest import flush_emitters
-from distributed import Client, LocalCluster
+from conftest import flush_emitters, in_process_cluster
 from distributed.scheduler import KilledWorker
 from opentelemetry.trace import StatusCode
 
@@ -22,12 +21,8 @@ def test_killed_worker_task_span(telemetry, monkeypatch):
         monkeypatch.setenv(f"OTEL_{signal}_EXPORTER", "none")
     with (
         dask.config.set({"distributed.scheduler.allowed-failures": 1}),
-        LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-            dashboard_address=":0",
-        ) as cluster,
-        Client(cluster) as client,
-    ):  # fmt: skip
+        in_process_cluster(processes=True, host="127.0.0.1") as client,
+    ):
         with pytest.raises(KilledWorker):
             client.submit(die, 1).result(timeout=120)
         flush_emitters(client)

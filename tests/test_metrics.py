@@ -7,7 +7,7 @@ import time
 import dask
 import dask.array as da
 from conftest import flush_emitters, in_process_cluster
-from distributed import Client, LocalCluster, Semaphore
+from distributed import Semaphore
 
 from dask_otel.metrics import INSTRUMENTS
 
@@ -128,12 +128,8 @@ def test_a_forked_worker_reports_no_copy_of_its_parents_scheduler(telemetry):
     settings = {"distributed.worker.multiprocessing-method": "fork"}
     with (
         dask.config.set(settings),
-        LocalCluster(
-            n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
-            dashboard_address="127.0.0.1:0",
-        ) as cluster,
-        Client(cluster) as client,
-    ):  # fmt: skip
+        in_process_cluster(n_workers=1, processes=True, host="127.0.0.1") as client,
+    ):
         cluster_id = client.scheduler_info()["id"]
         client.wait_for_workers(1)
         deadline = time.monotonic() + 10  # the worker asks the scheduler for its id
