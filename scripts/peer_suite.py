@@ -1,44 +1,40 @@
 #!/usr/bin/env python3
-"""Run a slice of distributed's own test suite plain and with dask-otel active, compare.
+"""Run distributed's own test files plain and with dask-otel active; compare per file.
 
-dask-otel must not turn a passing ``distributed`` test into a failing one. This script
-runs chosen test files of distributed's suite twice in a virtualenv that has this
-checkout installed:
+dask-otel must not turn a passing ``distributed`` test into a failing one. Run with the
+Python of a virtualenv that has this checkout, ``distributed`` and the test dependencies
+(pytest-timeout, pytest-rerunfailures, numpy). Each test file runs twice, in its own
+pytest process each time, alternating which mode goes first:
 
-* **plain**: ``python -m pytest ...`` with every ``OTEL_*`` variable removed;
-* **instrumented**: ``opentelemetry-instrument python -m pytest ...``, so the pytest
-  process is instrumented before the first test, and every process it starts (a Nanny's
-  worker, a ``LocalCluster`` process) inherits the instrumentation through the
-  environment (``opentelemetry-instrument``'s ``sitecustomize`` on ``PYTHONPATH``). All
-  three signals are exported over OTLP/gRPC to a counting receiver this script starts on
-  127.0.0.1, so spans, metrics and log records are really created and sent; what it
-  received is printed as evidence, together with a probe (a pytest plugin loaded in both
-  runs) that reports whether dask-otel's hooks were installed in the pytest process.
+* **plain**: ``python -m pytest FILE`` with every ``OTEL_*`` variable removed;
+* **instrumented**: ``opentelemetry-instrument python -m pytest FILE``: the pytest process
+  is instrumented before the first test and every Python process it starts (a Nanny's
+  worker, a LocalCluster process) inherits the instrumentation through the environment.
+  Traces, metrics and logs go over OTLP/gRPC to tests/otlp_receiver.py's receiver, run
+  by this script on 127.0.0.1; what it received, and a probe in the pytest process
+  (scripts/peer_suite_plugin.py), are kept as evidence that dask-otel was active.
 
-Both runs use distributed's own pytest configuration and ``conftest.py`` (from the sdist
-of the tested release on PyPI: ``-W error`` style ``filterwarnings``, strict markers),
-``-p no:cacheprovider``, a per-test timeout (``signal`` method, so one hang costs one
-test, not the run), no xdist, and write junit XML. The outcomes are compared per test
-id; every test that passed plain but failed or errored instrumented is re-run on its own,
-``--reruns`` times in each mode, to tell flaky tests from regressions:
+The tests come from a release tag of a git repository of distributed (``--source-git
+DIR --tag TAG``: ``git archive`` into a temporary directory, removed at exit) or from a
+source tree (``--source DIR``); wheels and sdists of distributed do not contain them.
+They run as package ``distributed_tests`` (``distributed.tests.`` in them is rewritten
+to it) so that the installed ``distributed`` is the one tested, with the source's
+conftest.py and pytest configuration (warnings are errors, strict markers), a per-test
+timeout (``signal`` method, so a hang costs one test), ``-p no:cacheprovider``, no xdist.
 
-* ``confirmed``: failed instrumented in at least two reruns and never plain: a regression;
-* ``intermittent``: failed instrumented in one rerun only, never plain;
-* ``flaky``: also fails plain, or did not fail again instrumented.
-
-The exit code is 1 if any regression is confirmed, 2 for a setup problem, else 0.
-
-distributed's wheels and sdists do not ship ``distributed/tests``: the test files come
-from ``--tests-from`` (a source tree, or a ``.tar.gz``/``.tar.xz`` archive, path or URL),
-by default GitHub's archive of the release tag. Test files from another release than
-the installed one work too (tests that do not fit the installed release fail in both runs
-alike and are left out of the comparison), but say so in what you report.
+Each test that passed plain but failed or errored instrumented is run again on its own,
+``--reruns`` times per mode: ``confirmed`` if it failed instrumented at least twice and
+never plain, ``intermittent`` if once, else ``flaky``. Per file, the outcome counts,
+wall times, load averages and suspects go to ``OUT/<file>.json``; ``--report OUT``
+prints the table of every file in OUT. Exit code: 1 if a regression is confirmed.
 
 Examples::
 
-    python scripts/peer_suite.py --distributed 2026.8.0 --files test_spill.py
-    python scripts/peer_suite.py --distributed 2025.9.0 --reuse-venv \\
-        --files test_worker.py test_scheduler.py --tests-from ~/src/distributed
+    nice -n 15 /work/venvs/peers/bin/python scripts/peer_suite.py --out results/2026.8.0 \\
+        --source-git /work/.mirror/dask+distributed/repo --tag 2026.7.1 \\
+        --files test_worker.py test_nanny.py
+    python scripts/peer_suite.py --source ~/src/distributed --all --out results/dev
+    python scripts/peer_suite.py --report results/2026.8.0
 """
 
 from __future__ import annotations
@@ -46,513 +42,292 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.metadata
+import importlib.util
+import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
-import urllib.request
 import xml.etree.ElementTree as ET
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-GITHUB_ARCHIVE = "https://github.com/dask/distributed/archive/refs/tags/{version}.tar.gz"
-TEST_PACKAGE = "distributed_tests"  # not "distributed": the installed package must win
-TEST_DEPENDENCIES = ["pytest", "pytest-timeout", "pytest-rerunfailures", "numpy"]
+PACKAGE = "distributed_tests"  # not "distributed": the installed package must be tested
+MODES = ("plain", "instrumented")
 OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed")
-
-# --------------------------------------------------------------------------------------
-# The counting OTLP receiver (runs in the virtualenv: ``--receiver PORTFILE COUNTSFILE``)
-
-
-def run_receiver(port_file: Path, counts_file: Path) -> None:
-    """Count what OTLP/gRPC exporters send to 127.0.0.1; write the counts as JSON."""
-    import threading
-    from concurrent import futures
-
-    import grpc
-    from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
-    from opentelemetry.proto.collector.metrics.v1 import (
-        metrics_service_pb2,
-        metrics_service_pb2_grpc,
-    )
-    from opentelemetry.proto.collector.trace.v1 import (
-        trace_service_pb2,
-        trace_service_pb2_grpc,
-    )
-
-    lock = threading.Lock()
-    spans_by_service: Counter[str] = Counter()
-    spans_by_name: Counter[str] = Counter()
-    logs_by_service: Counter[str] = Counter()
-    points_by_service: Counter[str] = Counter()
-    instances: set[str] = set()
-    instrumented_instances: set[str] = set()
-    dirty = [False]
-
-    def resource(rs) -> tuple[str, str]:  # type: ignore[no-untyped-def]
-        attrs = {kv.key: kv.value.string_value for kv in rs.resource.attributes}
-        return attrs.get("service.name", "?"), attrs.get("service.instance.id", "?")
-
-    def traces(request, context):  # type: ignore[no-untyped-def]
-        with lock:
-            for rs in request.resource_spans:
-                service, instance = resource(rs)
-                instances.add(instance)
-                for ss in rs.scope_spans:
-                    if ss.scope.name == "dask_otel" and ss.spans:
-                        instrumented_instances.add(instance)
-                    spans_by_service[service] += len(ss.spans)
-                    for span in ss.spans:
-                        spans_by_name[span.name] += 1
-            dirty[0] = True
-        return trace_service_pb2.ExportTraceServiceResponse()
-
-    def metrics(request, context):  # type: ignore[no-untyped-def]
-        with lock:
-            for rm in request.resource_metrics:
-                service, instance = resource(rm)
-                instances.add(instance)
-                for sm in rm.scope_metrics:
-                    for metric in sm.metrics:
-                        kind = metric.WhichOneof("data")
-                        points = getattr(metric, kind).data_points if kind else ()
-                        points_by_service[service] += len(points)
-            dirty[0] = True
-        return metrics_service_pb2.ExportMetricsServiceResponse()
-
-    def logs(request, context):  # type: ignore[no-untyped-def]
-        with lock:
-            for rl in request.resource_logs:
-                service, instance = resource(rl)
-                instances.add(instance)
-                for sl in rl.scope_logs:
-                    logs_by_service[service] += len(sl.log_records)
-            dirty[0] = True
-        return logs_service_pb2.ExportLogsServiceResponse()
-
-    class Traces(trace_service_pb2_grpc.TraceServiceServicer):
-        Export = staticmethod(traces)
-
-    class Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):
-        Export = staticmethod(metrics)
-
-    class Logs(logs_service_pb2_grpc.LogsServiceServicer):
-        Export = staticmethod(logs)
-
-    def write() -> None:
-        with lock:
-            data = {
-                "spans": sum(spans_by_service.values()),
-                "spans_by_service": dict(spans_by_service),
-                "top_span_names": dict(spans_by_name.most_common(12)),
-                "log_records": sum(logs_by_service.values()),
-                "log_records_by_service": dict(logs_by_service),
-                "metric_points": sum(points_by_service.values()),
-                "metric_points_by_service": dict(points_by_service),
-                "processes": len(instances),
-                "processes_with_dask_otel_spans": len(instrumented_instances),
-            }
-            dirty[0] = False
-        tmp = counts_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        tmp.replace(counts_file)
-
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=8),
-        options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)],
-    )
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Traces(), server)
-    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Metrics(), server)
-    logs_service_pb2_grpc.add_LogsServiceServicer_to_server(Logs(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    write()
-    port_file.write_text(str(port))
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    while not stop.wait(2):
-        if dirty[0]:
-            write()
-    server.stop(grace=2).wait()
-    write()
-
-
-# --------------------------------------------------------------------------------------
-# The probe plugin, loaded with ``-p peer_suite_probe`` in both runs
-
-PROBE = '''
-"""Reports whether dask-otel was active in this pytest process (written by peer_suite)."""
-import json
-import os
-import sys
-
-
-def _state():
-    state = {"dask_otel_imported": "dask_otel" in sys.modules}
-    if state["dask_otel_imported"]:
-        import distributed
-        from dask_otel import DaskInstrumentor
-
-        state["instrumentor_active"] = bool(
-            DaskInstrumentor().is_instrumented_by_opentelemetry
-        )
-        state["hooks_installed"] = {
-            name: hasattr(getattr(distributed, name).__init__, "__wrapped__")
-            for name in ("Scheduler", "Worker", "Nanny")
-        }
-    trace = sys.modules.get("opentelemetry.trace")
-    if trace is not None:
-        state["tracer_provider"] = type(trace.get_tracer_provider()).__name__
-    state["otel_env"] = sorted(k for k in os.environ if k.startswith("OTEL_"))
-    return state
-
-
-def pytest_sessionstart(session):
-    session.config._peer_suite_start = _state()
-
-
-def pytest_sessionfinish(session):
-    path = os.environ.get("PEER_SUITE_PROBE_OUT")
-    if path:
-        with open(path, "w") as f:
-            json.dump({"start": session.config._peer_suite_start, "end": _state()}, f)
-'''
-
-# --------------------------------------------------------------------------------------
-# Preparing the virtualenv and the tests
+BAD = ("failed", "error")
+#: What ``git archive`` takes from a tag: the tests, the conftest and pytest config, and the
+#: resource-leak plugin conftest.py loads (some wheels, 2025.9.0's, lack it).
+ARCHIVED = ("distributed/tests", "distributed/pytest_resourceleaks.py", "conftest.py")
 
 
 def log(message: str) -> None:
     print(f"[peer_suite {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def pip(venv: Path, *args: str) -> None:
-    cmd = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check", *args]
-    subprocess.run(cmd, check=True)
+# --------------------------------------------------------------------------------------
+# The tests, in a temporary run directory
 
 
-def prepare_venv(args: argparse.Namespace, version: str, workdir: Path) -> Path:
-    venv = Path(args.venv) if args.venv else workdir / f"venv-{version}"
-    python = venv / "bin" / "python"
-    if python.exists() and args.reuse_venv:
-        log(f"reusing {venv}; reinstalling this checkout into it")
-        pip(venv, "install", "-q", "--no-deps", "--force-reinstall", str(REPO))
-    else:
-        if venv.exists():
-            shutil.rmtree(venv)
-        log(f"creating {venv} (distributed=={version})")
-        subprocess.run([args.python, "-m", "venv", str(venv)], check=True)
-        constraints = REPO / ".ci" / "constraints.txt"
-        pins = ["-c", str(constraints)] if constraints.exists() else []
-        pip(
-            venv,
-            "install",
-            "-q",
-            *pins,
-            str(REPO),
-            f"distributed=={version}",
-            f"dask=={version}",
-            *TEST_DEPENDENCIES,
-            *args.extra,
-        )
-    out = subprocess.run(
-        [str(python), "-c", "import distributed; print(distributed.__version__)"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    if out != version:
-        sys.exit(f"{venv} has distributed {out}, not {version}; drop --reuse-venv")
-    return venv
-
-
-def download(url: str, dest: Path) -> Path:
-    if not dest.exists():
-        log(f"downloading {url}")
-        tmp = dest.with_suffix(".part")
-        with urllib.request.urlopen(url, timeout=120) as response, open(tmp, "wb") as f:
-            shutil.copyfileobj(response, f)
-        tmp.replace(dest)
-    return dest
-
-
-def extract(archive: Path, dest: Path) -> Path:
-    """Unpack ``archive`` into ``dest`` once; the directory that holds ``distributed/``."""
-    if not dest.exists():
-        tmp = dest.with_name(dest.name + ".part")
-        shutil.rmtree(tmp, ignore_errors=True)
-        with tarfile.open(archive) as tar:
-            if hasattr(tarfile, "data_filter"):
-                tar.extractall(tmp, filter="data")
-            else:  # pragma: no cover - Python < 3.11.4
-                tar.extractall(tmp)
-        tmp.replace(dest)
-    for candidate in (dest, *sorted(p for p in dest.iterdir() if p.is_dir())):
-        if (candidate / "distributed").is_dir():
-            return candidate
-    sys.exit(f"no distributed/ directory in {archive}")
-
-
-def tests_source(args: argparse.Namespace, version: str, workdir: Path) -> Path:
-    """A directory with ``distributed/tests`` for ``version`` (or what the user gave)."""
-    source = args.tests_from or GITHUB_ARCHIVE.format(version=version)
-    if source.startswith(("http://", "https://")):
-        name = source.rstrip("/").rsplit("/", 1)[-1]
-        try:
-            archive = download(source, workdir / "downloads" / f"tests-{name}")
-        except OSError as e:
-            sys.exit(
-                f"cannot download distributed's tests from {source}: {e}\n"
-                "Pass --tests-from with a dask/distributed source tree or archive."
+@contextlib.contextmanager
+def run_directory(args: argparse.Namespace) -> Iterator[Path]:
+    """A temporary directory with distributed's tests as ``distributed_tests``, its
+    conftest.py and pytest configuration, and the plugin; removed on exit."""
+    with tempfile.TemporaryDirectory(prefix="peer-suite-") as tmp:
+        rundir = Path(tmp) / "run"
+        if args.source_git:
+            source = Path(tmp) / "source"
+            source.mkdir()
+            archive = subprocess.run(
+                ["git", "--git-dir", args.source_git, "archive", args.tag, *ARCHIVED],
+                check=True,
+                capture_output=True,
+            ).stdout
+            pyproject = subprocess.run(
+                ["git", "--git-dir", args.source_git, "show", f"{args.tag}:pyproject.toml"],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+                tar.extractall(source, filter="data")
+            (source / "pyproject.toml").write_text(pyproject)
+        else:
+            source = Path(args.source)
+        tests = source / "distributed" / "tests"
+        if not tests.is_dir():
+            sys.exit(f"{source} has no distributed/tests directory")
+        shutil.copytree(tests, rundir / PACKAGE)
+        for path in (rundir / PACKAGE).glob("*.py"):
+            text = path.read_text()
+            if "distributed.tests." in text:
+                path.write_text(text.replace("distributed.tests.", f"{PACKAGE}."))
+        plugins = rundir / "plugins"
+        plugins.mkdir()
+        shutil.copy(Path(__file__).with_name("peer_suite_plugin.py"), plugins)
+        conftest = (source / "conftest.py").read_text()
+        if importlib.util.find_spec("distributed.pytest_resourceleaks") is None:
+            shutil.copy(
+                source / "distributed" / "pytest_resourceleaks.py",
+                plugins / "distributed_pytest_resourceleaks.py",
             )
-        root = extract(archive, workdir / "sources" / f"tests-{name}")
-    elif Path(source).is_dir():
-        root = Path(source)
-    else:
-        path = Path(source)
-        root = extract(path, workdir / "sources" / f"tests-{path.name}")
-    if not (root / "distributed" / "tests").is_dir():
-        sys.exit(f"{root} has no distributed/tests directory")
-    return root
-
-
-def release_config(venv: Path, version: str, workdir: Path) -> Path:
-    """The sdist of ``version``: its pyproject.toml (pytest config) and conftest.py."""
-    dest = workdir / "sources" / f"sdist-distributed-{version}"
-    downloads = workdir / "downloads"
-    name = f"distributed-{version}.tar.gz"
-    if not dest.exists():
-        downloads.mkdir(parents=True, exist_ok=True)
-        if not (downloads / name).exists():
-            log(f"fetching the sdist of distributed {version} for its pytest config")
-            pip(
-                venv,
-                "download",
-                "-q",
-                "--no-deps",
-                "--no-binary",
-                ":all:",
-                "-d",
-                str(downloads),
-                f"distributed=={version}",
+            conftest = conftest.replace(
+                '"distributed.pytest_resourceleaks"', '"distributed_pytest_resourceleaks"'
             )
-    return extract(downloads / name, dest)  # unpacks only the first time
+        (rundir / "conftest.py").write_text(conftest)
+        (rundir / "pyproject.toml").write_text(pytest_config(source / "pyproject.toml"))
+        yield rundir
 
 
-def _toml(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return str(value)
-    if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a valid TOML basic string
-    if isinstance(value, list):
-        return "[\n" + "".join(f"  {_toml(v)},\n" for v in value) + "]"
-    raise TypeError(value)
+def pytest_config(pyproject: Path) -> str:
+    """The source's ``[tool.pytest.ini_options]``, without coverage options (not measured)."""
+    import tomllib
 
-
-def pytest_options(pyproject: Path) -> dict:
-    try:
-        import tomllib
-    except ImportError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
-    data = tomllib.loads(pyproject.read_text())
-    return dict(data.get("tool", {}).get("pytest", {}).get("ini_options", {}))
-
-
-def build_rundir(
-    venv: Path, config_root: Path, tests_root: Path, files: list[str], rundir: Path
-) -> None:
-    """distributed's tests as package ``distributed_tests``, its config and conftest."""
-    if rundir.exists():
-        shutil.rmtree(rundir)
-    shutil.copytree(tests_root / "distributed" / "tests", rundir / TEST_PACKAGE)
-    for name in files:
-        if not (rundir / TEST_PACKAGE / name).exists():
-            sys.exit(f"{name} is not in {tests_root / 'distributed' / 'tests'}")
-    conftest = config_root / "conftest.py"
-    if not conftest.exists():
-        conftest = tests_root / "conftest.py"
-    shutil.copy(conftest, rundir / "conftest.py")
-    (rundir / "probe").mkdir()
-    (rundir / "probe" / "peer_suite_probe.py").write_text(PROBE)
-    # Some wheels (2025.9.0) lack the conftest's plugin distributed.pytest_resourceleaks:
-    # use the copy from the tests' source tree, under another name.
-    check = "import importlib.util as u; print(u.find_spec('distributed.pytest_resourceleaks'))"
-    found = subprocess.run(
-        [str(venv / "bin" / "python"), "-c", check], capture_output=True, text=True
-    ).stdout.strip()
-    # distributed.utils_test.get_cert reads TLS certificates from the installed package's
-    # tests/ directory, which wheels lack (test_scheduler.py uses them at import time).
-    where = "import distributed, os; print(os.path.dirname(distributed.__file__))"
-    package = Path(
-        subprocess.run(
-            [str(venv / "bin" / "python"), "-c", where], capture_output=True, text=True
-        ).stdout.strip()
+    options = tomllib.loads(pyproject.read_text())["tool"]["pytest"]["ini_options"]
+    options["addopts"] = " ".join(
+        opt for opt in options.get("addopts", "").split() if not opt.startswith("--cov")
     )
-    certs = sorted((tests_root / "distributed" / "tests").glob("*.pem"))
-    if certs and not (package / "tests" / certs[0].name).exists():
-        (package / "tests").mkdir(exist_ok=True)
-        for cert in certs:
-            shutil.copy(cert, package / "tests" / cert.name)
-        log(f"copied {len(certs)} TLS test certificates into {package / 'tests'}")
-    if found == "None":
-        plugin = tests_root / "distributed" / "pytest_resourceleaks.py"
-        shutil.copy(plugin, rundir / "probe" / "distributed_pytest_resourceleaks.py")
-        text = (rundir / "conftest.py").read_text()
-        text = text.replace(
-            '"distributed.pytest_resourceleaks"', '"distributed_pytest_resourceleaks"'
-        )
-        (rundir / "conftest.py").write_text(text)
-        log(f"the installed distributed has no pytest_resourceleaks: using {plugin}")
-    options = pytest_options(config_root / "pyproject.toml")
-    # Markers the test files use but the release's config no longer registers
-    # (--strict-markers would make them collection errors).
-    markers = list(options.get("markers", []))
-    known = {m.split(":")[0].strip() for m in markers}
-    if (tests_root / "pyproject.toml").exists():
-        for m in pytest_options(tests_root / "pyproject.toml").get("markers", []):
-            if m.split(":")[0].strip() not in known:
-                markers.append(m)
-    options["markers"] = markers
-    # Coverage options (2025.9.0 has --cov-config) would need pytest-cov: not measured here.
-    if isinstance(options.get("addopts"), str):
-        options["addopts"] = " ".join(
-            opt for opt in options["addopts"].split() if not opt.startswith("--cov")
-        )
-    options["testpaths"] = [TEST_PACKAGE]
-    lines = ["[tool.pytest.ini_options]"]
-    lines += [f"{key} = {_toml(value)}" for key, value in options.items()]
-    (rundir / "pyproject.toml").write_text("\n".join(lines) + "\n")
+    options["testpaths"] = [PACKAGE]
+    return "[tool.pytest.ini_options]\n" + "".join(
+        f"{key} = {json.dumps(value)}\n" for key, value in options.items()
+    )  # JSON strings, numbers and lists of strings are valid TOML
+
+
+def test_files(rundir: Path) -> list[str]:
+    return sorted(p.name for p in (rundir / PACKAGE).glob("test_*.py"))
+
+
+# --------------------------------------------------------------------------------------
+# The receiver
+
+
+def receiver_module() -> Any:
+    """tests/otlp_receiver.py, the receiver the test suite and benchmarks use."""
+    spec = importlib.util.spec_from_file_location(
+        "otlp_receiver", REPO / "tests" / "otlp_receiver.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+class Tally:
+    """Counts what the receiver got, draining it every few seconds so it holds little."""
+
+    def __init__(self, receiver: Any) -> None:
+        self._receiver = receiver  #: the started OTLPReceiver
+        self._lock = threading.Lock()
+        self._counts: Counter[str] = Counter()  #: signal -> items since the last take()
+        self._processes: set[str] = set()  #: service.instance.id seen since the last take()
+        self._traced: set[str] = set()  #: of those, the processes that sent dask-otel spans
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="peer-suite-tally", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(2):
+            self._drain()
+
+    def _drain(self) -> None:
+        spans, logs, points = self._receiver.drain()
+        with self._lock:
+            self._counts.update(spans=len(spans), log_records=len(logs), metric_points=len(points))
+            for item in (*spans, *logs, *points):
+                self._processes.add(item["resource"].get("service.instance.id", "?"))
+            self._traced.update(
+                s["resource"].get("service.instance.id", "?")
+                for s in spans
+                if s["scope"] == "dask_otel"
+            )
+
+    def take(self) -> dict[str, int]:
+        """What arrived since the last call."""
+        self._drain()
+        with self._lock:
+            counts = {
+                **{k: self._counts[k] for k in ("spans", "log_records", "metric_points")},
+                "processes": len(self._processes),
+                "processes_with_dask_otel_spans": len(self._traced),
+            }
+            self._counts.clear()
+            self._processes.clear()
+            self._traced.clear()
+        return counts
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 # --------------------------------------------------------------------------------------
 # Running pytest
 
 
-class Receiver:
-    def __init__(self, venv: Path, directory: Path) -> None:
-        self.port_file = directory / "receiver.port"
-        self.counts_file = directory / "receiver.json"
-        self.port_file.unlink(missing_ok=True)
-        cmd = [
-            str(venv / "bin" / "python"),
-            str(Path(__file__).resolve()),
-            "--receiver",
-            str(self.port_file),
-            str(self.counts_file),
-        ]
-        self.process = subprocess.Popen(cmd, env=clean_env())
-        deadline = time.monotonic() + 60
-        while not self.port_file.exists():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                sys.exit("the OTLP receiver did not start")
-            time.sleep(0.1)
-        self.port = int(self.port_file.read_text())
+class Runner:
+    """Runs pytest on distributed's tests in one mode and reads what came out."""
 
-    def stop(self) -> dict:
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-        return json.loads(self.counts_file.read_text())
+    def __init__(self, args: argparse.Namespace, rundir: Path, endpoint: str) -> None:
+        self.args = args  #: the command line
+        self.rundir = rundir  #: from run_directory()
+        self.endpoint = endpoint  #: the receiver's OTLP/gRPC endpoint
+        self.bindir = Path(sys.executable).parent  #: the virtualenv's bin/
 
-
-def clean_env() -> dict[str, str]:
-    return {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("OTEL_", "DASK_OTEL_", "DASK_", "PYTEST_"))
-        and k not in ("PYTHONPATH", "VIRTUAL_ENV")
-    }
-
-
-def mode_env(mode: str, rundir: Path, port: int | None) -> dict[str, str]:
-    env = clean_env()
-    env["PYTHONPATH"] = str(rundir / "probe")
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    if mode == "instrumented":
-        assert port is not None
+    def env(self, mode: str, probe: Path) -> dict[str, str]:
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("OTEL_", "DASK_", "PYTEST_")) and k != "PYTHONPATH"
+        }
         env.update(
-            OTEL_TRACES_EXPORTER="otlp",
-            OTEL_METRICS_EXPORTER="otlp",
-            OTEL_LOGS_EXPORTER="otlp",
-            OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
-            OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}",
-            OTEL_EXPORTER_OTLP_INSECURE="true",
-            OTEL_METRIC_EXPORT_INTERVAL="5000",
-            OTEL_BSP_SCHEDULE_DELAY="1000",
+            PYTHONPATH=str(self.rundir / "plugins"),
+            PYTHONDONTWRITEBYTECODE="1",
+            PEER_SUITE_CERTS=str(self.rundir / PACKAGE),
+            PEER_SUITE_PROBE_OUT=str(probe),
         )
-    return env
+        if mode == "instrumented":
+            env.update(
+                OTEL_TRACES_EXPORTER="otlp",
+                OTEL_METRICS_EXPORTER="otlp",
+                OTEL_LOGS_EXPORTER="otlp",
+                OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
+                OTEL_EXPORTER_OTLP_ENDPOINT=self.endpoint,
+                OTEL_EXPORTER_OTLP_INSECURE="true",
+                OTEL_METRIC_EXPORT_INTERVAL="5000",
+            )
+        return env
 
+    def command(self, mode: str, junit: Path, targets: list[str]) -> list[str]:
+        cmd = [str(self.bindir / "python"), "-m", "pytest"]
+        if mode == "instrumented":
+            cmd.insert(0, str(self.bindir / "opentelemetry-instrument"))
+        return [
+            *cmd,
+            *("-p", "no:cacheprovider", "-p", "peer_suite_plugin"),
+            *("--timeout", str(self.args.timeout), "-o", "timeout_method=signal"),
+            "--color=no",
+            f"--junitxml={junit}",
+            *self.args.pytest_args,
+            *targets,
+        ]
 
-def pytest_command(venv: Path, mode: str, args: argparse.Namespace, junit: Path) -> list[str]:
-    bindir = venv / "bin"
-    cmd = [str(bindir / "python"), "-m", "pytest"]
-    if mode == "instrumented":
-        cmd = [str(bindir / "opentelemetry-instrument"), *cmd]
-    return [
-        *cmd,
-        "-p",
-        "no:cacheprovider",
-        "-p",
-        "peer_suite_probe",
-        "--timeout",
-        str(args.timeout),
-        "-o",
-        "timeout_method=signal",
-        "--color=no",
-        f"--junitxml={junit}",
-        *args.pytest_args,
-    ]
-
-
-def run_pytest(
-    venv: Path,
-    mode: str,
-    args: argparse.Namespace,
-    rundir: Path,
-    targets: list[str],
-    out: Path,
-    quiet: bool = False,
-) -> tuple[float, dict | None, dict | None]:
-    """Run pytest on ``targets`` in ``mode``; wall time, probe report, receiver counts."""
-    receiver = Receiver(venv, out.parent) if mode == "instrumented" else None
-    env = mode_env(mode, rundir, receiver.port if receiver else None)
-    env["PEER_SUITE_PROBE_OUT"] = str(out.with_suffix(".probe.json"))
-    cmd = pytest_command(venv, mode, args, out.with_suffix(".xml")) + targets
-    if not quiet:
-        log(f"{mode}: {' '.join(cmd)}  (output: {out.with_suffix('.log')})")
-    start = time.monotonic()
-    try:
+    def run(self, mode: str, targets: list[str], out: Path) -> dict[str, Any]:
+        """Run pytest; outcomes per test id, wall time, load, exit code, leftovers, probe."""
+        junit, probe = out.with_suffix(".xml"), out.with_suffix(".probe.json")
+        cmd = self.command(mode, junit, targets)
+        load = os.getloadavg()[0]
+        start = time.monotonic()
         with open(out.with_suffix(".log"), "w") as logfile:
-            subprocess.run(cmd, cwd=rundir, env=env, stdout=logfile, stderr=subprocess.STDOUT)
-    finally:
-        counts = receiver.stop() if receiver else None
-    wall = time.monotonic() - start
-    probe_file = out.with_suffix(".probe.json")
-    probe = json.loads(probe_file.read_text()) if probe_file.exists() else None
-    return wall, probe, counts
+            process = subprocess.Popen(
+                cmd,
+                cwd=self.rundir,
+                env=self.env(mode, probe),
+                stdout=logfile,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            try:
+                code = process.wait(self.args.file_timeout)
+            except subprocess.TimeoutExpired:
+                code = None
+            finally:
+                wall = time.monotonic() - start
+                leftovers = end_group(process.pid)
+                process.wait()
+        return {
+            "outcomes": read_junit(junit),
+            "wall": round(wall, 1),
+            "load": [round(load, 2), round(os.getloadavg()[0], 2)],
+            "exit": code if code is not None else f"killed after {self.args.file_timeout}s",
+            "leftover_processes": leftovers,
+            "probe": json.loads(probe.read_text()) if probe.exists() else None,
+        }
 
 
-# --------------------------------------------------------------------------------------
-# junit XML
+def group_members(pgid: int) -> list[str]:
+    """Command lines of the live processes of group ``pgid`` but its leader."""
+    alive = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            state, _, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+            if int(group) == pgid and state != "Z" and stat.parent.name != str(pgid):
+                cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ")
+                alive.append(cmdline.decode(errors="replace").strip()[:300])
+    return alive
 
 
-def read_junit(path: Path) -> dict[str, dict]:
-    """test id -> {"outcome": ..., "message": ...}, the worst outcome of each test."""
+def end_group(pgid: int, grace: float = 5.0) -> dict[str, Any]:
+    """Processes of a run that outlived pytest: what they were, how long they took to go.
+
+    They get ``grace`` seconds, then SIGKILL.
+    """
+    start = time.monotonic()
+    alive = group_members(pgid)
+    while group_members(pgid) and time.monotonic() - start < grace:
+        time.sleep(0.05)
+    gone = None if group_members(pgid) else round(time.monotonic() - start, 2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    return {"at_exit": alive, "gone_after_s": gone} if alive else {}
+
+
+def read_junit(path: Path) -> dict[str, dict[str, str]]:
+    """test id -> {"outcome", "message"}: the worst outcome of each test (setup, call, teardown)."""
     if not path.exists():
         return {}
     rank = {o: i for i, o in enumerate(("passed", "skipped", "xfailed", "failed", "error"))}
-    results: dict[str, dict] = {}
+    results: dict[str, dict[str, str]] = {}
     for case in ET.parse(path).getroot().iter("testcase"):
         test_id = f"{case.get('classname')}::{case.get('name')}"
         outcome, message = "passed", ""
@@ -562,8 +337,7 @@ def read_junit(path: Path) -> dict[str, dict]:
                 message = (child.get("message") or "") + "\n" + (child.text or "")
                 break
             if child.tag == "skipped":
-                xfail = child.get("type") == "pytest.xfail"
-                outcome = "xfailed" if xfail else "skipped"
+                outcome = "xfailed" if child.get("type") == "pytest.xfail" else "skipped"
                 message = child.get("message") or ""
         previous = results.get(test_id)
         if previous is None or rank[outcome] > rank[previous["outcome"]]:
@@ -571,231 +345,248 @@ def read_junit(path: Path) -> dict[str, dict]:
     return results
 
 
-def node_id(test_id: str, rundir: Path) -> str:
-    """Junit id ``pkg.test_x.TestC::test_y[p]`` -> node id ``pkg/test_x.py::TestC::test_y[p]``."""
-    classname, name = test_id.split("::", 1)
-    parts = classname.split(".")
-    for i in range(len(parts), 0, -1):
-        path = Path(*parts[:i]).with_suffix(".py")
-        if (rundir / path).exists():
-            return "::".join([path.as_posix(), *parts[i:], name])
-    return test_id
+def node_id(test_id: str) -> str:
+    """``distributed_tests.test_x::test_y[p]`` -> ``distributed_tests/test_x.py::test_y[p]``."""
+    module, name = test_id.split("::", 1)
+    parts = module.split(".")
+    return "/".join(parts[:2]) + ".py::" + "::".join([*parts[2:], name])
 
 
-def counts_line(results: dict[str, dict]) -> str:
-    c = Counter(r["outcome"] for r in results.values())
-    return " ".join(f"{o}={c.get(o, 0)}" for o in OUTCOMES) + f" total={len(results)}"
+def counts(outcomes: dict[str, dict[str, str]]) -> dict[str, int]:
+    c = Counter(r["outcome"] for r in outcomes.values())
+    return {o: c.get(o, 0) for o in OUTCOMES}
+
+
+# --------------------------------------------------------------------------------------
+# One file
+
+
+def compare_file(runner: Runner, tally: Tally, name: str, first: str, out: Path) -> dict[str, Any]:
+    """Both runs of one test file, suspects re-run; the record written to OUT/<file>.json."""
+    work = out / "runs" / name.removesuffix(".py")
+    work.mkdir(parents=True, exist_ok=True)
+    target = [f"{PACKAGE}/{name}"]
+    runs: dict[str, dict[str, Any]] = {}
+    for mode in (first, *(m for m in MODES if m != first)):
+        tally.take()
+        runs[mode] = runner.run(mode, target, work / mode)
+        runs[mode]["receiver"] = tally.take()
+    plain, inst = runs["plain"]["outcomes"], runs["instrumented"]["outcomes"]
+    suspects = sorted(
+        t
+        for t in plain
+        if plain[t]["outcome"] == "passed" and inst.get(t, {}).get("outcome") in BAD
+    )
+    regressions = {
+        t: {"message": inst[t]["message"][-3000:], **rerun(runner, t, work)} for t in suspects
+    }
+    record = {
+        "file": name,
+        "distributed": importlib.metadata.version("distributed"),
+        "tests_from": f"{runner.args.tag} of {runner.args.source_git}"
+        if runner.args.source_git
+        else runner.args.source,
+        "dask_otel": git_head(),
+        "first": first,
+        "dask_otel_active": {mode: dask_otel_active(run["probe"]) for mode, run in runs.items()},
+        "runs": {
+            mode: {
+                **{k: v for k, v in run.items() if k != "outcomes"},
+                "counts": counts(run["outcomes"]),
+            }
+            for mode, run in runs.items()
+        },
+        "outcomes": {
+            t: [plain.get(t, {}).get("outcome"), inst.get(t, {}).get("outcome")]
+            for t in sorted(set(plain) | set(inst))
+        },
+        "passed_plain_failed_instrumented": regressions,
+        "failed_plain_passed_instrumented": sorted(
+            t
+            for t in plain
+            if plain[t]["outcome"] in BAD and inst.get(t, {}).get("outcome") == "passed"
+        ),
+    }
+    (out / f"{name}.json").write_text(json.dumps(record, indent=1))
+    return record
+
+
+def dask_otel_active(probe: dict[str, Any] | None) -> bool:
+    """Whether the probe saw dask-otel's instrumentor and hooks in the pytest process."""
+    start = (probe or {}).get("start", {})
+    hooks = start.get("hooks_installed", {})
+    return bool(start.get("instrumentor_active") and hooks and all(hooks.values()))
+
+
+def rerun(runner: Runner, test_id: str, work: Path) -> dict[str, Any]:
+    """Run one suspect alone, ``--reruns`` times per mode, alternating; the verdict."""
+    fails = dict.fromkeys(MODES, 0)
+    for i in range(runner.args.reruns):
+        for mode in MODES if i % 2 else MODES[::-1]:
+            safe = re.sub(r"[^\w.-]+", "_", test_id)[-120:]
+            out = work / "reruns" / f"{safe}-{mode}-{i}"
+            out.parent.mkdir(exist_ok=True)
+            outcome = runner.run(mode, [node_id(test_id)], out)["outcomes"].get(test_id, {})
+            fails[mode] += outcome.get("outcome") != "passed"
+    if fails["plain"] == 0 and fails["instrumented"] >= 2:
+        verdict = "confirmed"
+    elif fails["plain"] == 0 and fails["instrumented"] == 1:
+        verdict = "intermittent"
+    else:
+        verdict = "flaky"
+    return {"verdict": verdict, "reruns": runner.args.reruns, "failed_reruns": fails}
+
+
+def git_head() -> str:
+    return subprocess.run(
+        ["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True
+    ).stdout.strip()
+
+
+def summary_line(record: dict[str, Any]) -> str:
+    parts = []
+    for mode in MODES:
+        run = record["runs"][mode]
+        c = run["counts"]
+        parts.append(
+            f"{mode} {c['passed']}p {c['failed']}f {c['error']}e {c['skipped']}s {run['wall']:.0f}s"
+        )
+    verdicts = Counter(r["verdict"] for r in record["passed_plain_failed_instrumented"].values())
+    return f"{record['file']}: " + " | ".join(parts) + f" | suspects {dict(verdicts) or 0}"
+
+
+# --------------------------------------------------------------------------------------
+# The table
+
+
+def report(out: Path) -> str:
+    """A markdown table of every file's record in ``out``."""
+    records = [json.loads(p.read_text()) for p in sorted(out.glob("*.py.json"))]
+    if not records:
+        return f"no results in {out}"
+    first = records[0]
+    lines = [
+        f"distributed {first['distributed']}, tests from {first['tests_from']}, "
+        f"dask-otel {first['dask_otel']}",
+        "",
+        "| file | plain p/f/e/s | s | instrumented p/f/e/s | s | ratio "
+        "| passed plain, failed instrumented | spans/logs/points | load |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    total = {mode: Counter[str]() for mode in MODES}
+    for record in records:
+        runs = record["runs"]
+        for mode in MODES:
+            total[mode].update({**runs[mode]["counts"], "wall": runs[mode]["wall"]})
+        suspects = record["passed_plain_failed_instrumented"]
+        named = ", ".join(f"{t.split('::', 1)[1]} ({v['verdict']})" for t, v in suspects.items())
+        rx = runs["instrumented"]["receiver"]
+        loads = [x for mode in MODES for x in runs[mode]["load"]]
+        active = "" if record["dask_otel_active"]["instrumented"] else " (NOT ACTIVE)"
+        lines.append(
+            f"| {record['file']} | {row(runs['plain'])} | {row(runs['instrumented'])} "
+            f"| {runs['instrumented']['wall'] / runs['plain']['wall']:.2f} | {named or '-'} "
+            f"| {rx['spans']}/{rx['log_records']}/{rx['metric_points']}{active} "
+            f"| {min(loads):.1f}-{max(loads):.1f} |"
+        )
+    ratio = total["instrumented"]["wall"] / total["plain"]["wall"]
+    lines.append(
+        f"| **{len(records)} files** | {row(total['plain'])} | {row(total['instrumented'])} "
+        f"| {ratio:.2f} | | | |"
+    )
+    return "\n".join(lines)
+
+
+def row(run: dict[str, Any]) -> str:
+    """``passed/failed/error/skipped | wall`` of a run or a total."""
+    c = run.get("counts", run)
+    return f"{c['passed']}/{c['failed']}/{c['error']}/{c['skipped']} | {run['wall']:.0f}"
 
 
 # --------------------------------------------------------------------------------------
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    doc = __doc__ or ""
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 1)[1],
+        description=doc.split("\n\n")[0],
+        epilog=doc.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--source-git", metavar="DIR", help="git directory of dask/distributed")
+    where.add_argument("--source", metavar="DIR", help="a source tree of dask/distributed")
+    parser.add_argument("--tag", help="the release tag whose tests run (with --source-git)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--files", nargs="+", metavar="FILE", help="test files of distributed/tests")
+    which.add_argument("--all", action="store_true", help="every test_*.py of distributed/tests")
     parser.add_argument(
-        "--distributed",
-        metavar="VERSION",
-        help="distributed release to test against (default: the one installed with "
-        "the Python running this script)",
+        "--skip-done", action="store_true", help="leave out files OUT has a record of"
     )
+    parser.add_argument("--out", type=Path, help="results directory (kept)")
     parser.add_argument(
-        "--files",
-        nargs="+",
-        default=["test_spill.py"],
-        metavar="FILE",
-        help="test files of distributed/tests to run (default: test_spill.py)",
-    )
-    parser.add_argument(
-        "--tests-from",
-        metavar="PATH_OR_URL",
-        help="where distributed's tests come from: a source tree, or a .tar.gz/.tar.xz "
-        "archive path or URL (default: GitHub's archive of the release tag)",
-    )
-    parser.add_argument(
-        "--workdir",
-        type=Path,
-        default=Path(tempfile.gettempdir()) / "dask-otel-peer-suite",
-        help="virtualenvs, downloads and results go here (default: %(default)s)",
-    )
-    parser.add_argument("--venv", help="virtualenv path (default: WORKDIR/venv-VERSION)")
-    parser.add_argument(
-        "--reuse-venv",
-        action="store_true",
-        help="reuse an existing virtualenv (this checkout is still reinstalled into it)",
-    )
-    parser.add_argument("--python", default=sys.executable, help="interpreter for a new virtualenv")
-    parser.add_argument(
-        "--extra", nargs="*", default=[], metavar="PKG", help="more packages to install"
+        "--report", type=Path, metavar="OUT", help="print the table of OUT and exit"
     )
     parser.add_argument(
         "--timeout", type=int, default=300, help="per-test timeout, s (default: 300)"
     )
     parser.add_argument(
-        "--reruns",
+        "--file-timeout",
         type=int,
-        default=3,
-        help="runs of each suspect test per mode when re-checking (default: 3)",
+        default=3600,
+        help="per-run limit, s, then killed (default: 3600)",
+    )
+    parser.add_argument(
+        "--reruns", type=int, default=3, help="runs per mode of each suspect (default: 3)"
     )
     parser.add_argument(
         "--pytest-args",
         nargs=argparse.REMAINDER,
         default=[],
-        help="everything after this goes to pytest (e.g. -k expr, --runslow)",
+        help="the rest goes to pytest (-k, --runslow)",
     )
-    parser.add_argument("--receiver", nargs=2, help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
-
-
-def print_evidence(probe: dict | None, counts: dict | None) -> bool:
-    """Print what shows dask-otel was active; True if its hooks were installed."""
-    start = (probe or {}).get("start", {})
-    end = (probe or {}).get("end", {})
-    print("  probe in the pytest process, at session start:", json.dumps(start))
-    print("  receiver (OTLP/gRPC on 127.0.0.1):", json.dumps(counts))
-    hooks = end.get("hooks_installed", {})
-    active = bool(start.get("instrumentor_active") and hooks and all(hooks.values()))
-    if active and not (counts or {}).get("spans"):
-        print("  (no spans received: these tests start no scheduler, worker or client)")
-    return active
+    args = parser.parse_args(argv)
+    if args.report is None:
+        if not (args.source or (args.source_git and args.tag)):
+            parser.error("give --source DIR, or --source-git DIR with --tag TAG")
+        if not (args.files or args.all) or args.out is None:
+            parser.error("give --files or --all, and --out")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.receiver:
-        run_receiver(Path(args.receiver[0]), Path(args.receiver[1]))
+    # A batch stopped with SIGTERM still ends its pytest processes and removes its tests.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.report:
+        print(report(args.report))
         return 0
-    version = args.distributed
-    if version is None:
+    args.out.mkdir(parents=True, exist_ok=True)
+    rx_module = receiver_module()
+    with run_directory(args) as rundir, rx_module.OTLPReceiver() as receiver:
+        files = test_files(rundir) if args.all else args.files
+        missing = sorted(set(files) - set(test_files(rundir)))
+        if missing:
+            sys.exit(f"not in distributed/tests: {' '.join(missing)}")
+        if args.skip_done:
+            files = [f for f in files if not (args.out / f"{f}.json").exists()]
+        log(
+            f"distributed {importlib.metadata.version('distributed')}, dask-otel {git_head()}, "
+            f"{len(files)} file(s); receiver {receiver.grpc_endpoint}; results in {args.out}"
+        )
+        runner = Runner(args, rundir, receiver.grpc_endpoint)
+        tally = Tally(receiver)
+        confirmed = 0
         try:
-            version = importlib.metadata.version("distributed")
-        except importlib.metadata.PackageNotFoundError:
-            print("distributed is not installed here: pass --distributed VERSION")
-            return 2
-    workdir = args.workdir.resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
-    venv = prepare_venv(args, version, workdir)
-    tests_root = tests_source(args, version, workdir)
-    config_root = release_config(venv, version, workdir)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    results_dir = workdir / f"results-{version}-{stamp}"
-    rundir = results_dir / "run"
-    results_dir.mkdir(parents=True)
-    build_rundir(venv, config_root, tests_root, args.files, rundir)
-    head = subprocess.run(
-        ["git", "-C", str(REPO), "describe", "--always", "--dirty"],
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    log(
-        f"distributed {version}; tests from {tests_root}; pytest config and conftest "
-        f"from {config_root}; dask-otel {head}; results in {results_dir}"
-    )
-    targets = [f"{TEST_PACKAGE}/{name}" for name in args.files]
-
-    runs: dict[str, dict] = {}
-    walls: dict[str, float] = {}
-    evidence = {}
-    for mode in ("plain", "instrumented"):
-        wall, probe, counts = run_pytest(venv, mode, args, rundir, targets, results_dir / mode)
-        runs[mode] = read_junit(results_dir / f"{mode}.xml")
-        walls[mode] = wall
-        evidence[mode] = (probe, counts)
-        log(f"{mode}: {counts_line(runs[mode])} wall={wall:.0f}s")
-        if not runs[mode]:
-            log(f"{mode}: no junit results; see {results_dir / mode}.log")
-            return 2
-
-    print(f"\n== distributed {version}: {' '.join(args.files)}")
-    for mode in runs:
-        print(f"  {mode:>12}: {counts_line(runs[mode])}  wall {walls[mode]:.0f}s")
-    print("\n== evidence that dask-otel was active in the instrumented run")
-    active = print_evidence(*evidence["instrumented"])
-    plain_probe = (evidence["plain"][0] or {}).get("end", {})
-    print("  probe in the plain run:", json.dumps(plain_probe))
-    if not active:
-        print("  !! instrumentation was NOT shown active: the comparison proves nothing")
-    plain, inst = runs["plain"], runs["instrumented"]
-    bad = {"failed", "error"}
-    regressions = sorted(
-        t
-        for t in plain
-        if plain[t]["outcome"] == "passed" and inst.get(t, {}).get("outcome") in bad
-    )
-    fixed = sorted(
-        t
-        for t in plain
-        if plain[t]["outcome"] in bad and inst.get(t, {}).get("outcome") == "passed"
-    )
-    missing = sorted(set(plain) ^ set(inst))
-    changed = sorted(
-        t
-        for t in plain
-        if plain[t]["outcome"] in bad
-        and inst.get(t, {}).get("outcome") in bad
-        and plain[t]["message"].split("\n", 1)[0] != inst[t]["message"].split("\n", 1)[0]
-    )
-    print(f"\n== passed plain, failed instrumented: {len(regressions)}")
-    for t in regressions:
-        message = inst[t]["message"]
-        print(f"  {t} [{inst[t]['outcome']}]")
-        print("    " + "\n    ".join(message.splitlines()[-25:]))
-    print(f"== failed plain, passed instrumented (flakiness indicator): {len(fixed)}")
-    for t in fixed:
-        print(f"  {t}")
-    print(f"== failed in both runs, with another first line instrumented: {len(changed)}")
-    for t in changed:
-        print(f"  {t}\n    plain: {plain[t]['message'].split(chr(10), 1)[0][:300]}")
-        print(f"    instrumented: {inst[t]['message'].split(chr(10), 1)[0][:300]}")
-    if missing:
-        print(f"== in one run only: {len(missing)}: {', '.join(missing[:20])}")
-
-    verdicts: dict[str, dict] = {}
-    if regressions:
-        print(f"\n== re-running {len(regressions)} test(s) alone, {args.reruns}x per mode")
-        for t in regressions:
-            nid = node_id(t, rundir)
-            fails = {"plain": 0, "instrumented": 0}
-            for i in range(args.reruns):
-                for mode in ("plain", "instrumented"):
-                    out = results_dir / "reruns" / f"{len(verdicts)}-{mode}-{i}"
-                    out.parent.mkdir(exist_ok=True)
-                    run_pytest(venv, mode, args, rundir, [nid], out, quiet=True)
-                    outcome = read_junit(out.with_suffix(".xml")).get(t, {}).get("outcome")
-                    fails[mode] += outcome != "passed"
-            if fails["plain"] == 0 and fails["instrumented"] >= 2:
-                verdict = "confirmed"
-            elif fails["plain"] == 0 and fails["instrumented"] == 1:
-                verdict = "intermittent"
-            else:
-                verdict = "flaky"
-            verdicts[t] = {"verdict": verdict, **fails}
-            print(
-                f"  {verdict:>12}: {nid}  (failed plain {fails['plain']}/{args.reruns}, "
-                f"instrumented {fails['instrumented']}/{args.reruns})"
-            )
-    summary = {
-        "distributed": version,
-        "dask_otel": head,
-        "files": args.files,
-        "tests_from": str(tests_root),
-        "counts": {m: Counter(r["outcome"] for r in runs[m].values()) for m in runs},
-        "wall_seconds": walls,
-        "evidence": {m: {"probe": p, "receiver": c} for m, (p, c) in evidence.items()},
-        "passed_plain_failed_instrumented": {
-            t: {**inst[t], **verdicts.get(t, {})} for t in regressions
-        },
-        "failed_plain_passed_instrumented": fixed,
-        "failed_both_other_message": changed,
-    }
-    (results_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    print(f"\nsummary: {results_dir / 'summary.json'}")
-    confirmed = [t for t, v in verdicts.items() if v["verdict"] == "confirmed"]
-    if not active:
-        return 2
+            for i, name in enumerate(files):
+                record = compare_file(runner, tally, name, MODES[i % 2], args.out)
+                log(summary_line(record))
+                confirmed += sum(
+                    r["verdict"] == "confirmed"
+                    for r in record["passed_plain_failed_instrumented"].values()
+                )
+        finally:
+            tally.stop()
     return 1 if confirmed else 0
 
 

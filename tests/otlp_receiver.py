@@ -506,6 +506,18 @@ class OTLPReceiver:
         with self._lock:
             return dict(self._requests)
 
+    def drain(self) -> tuple[list[SpanData], list[LogRecordData], list[MetricPointData]]:
+        """Spans, log records and metric points received so far, forgotten in the same step.
+
+        A long run (scripts/peer_suite.py) counts what arrived in pieces, so the receiver
+        does not hold hours of telemetry; request counts are kept.
+        """
+        with self._lock:
+            taken = (self._spans[:], self._logs[:], self._metrics[:])
+            for items in self._store.values():
+                items.clear()
+        return taken
+
     def clear(self) -> None:
         """Forget everything received so far (including request counts)."""
         with self._lock:

@@ -303,3 +303,17 @@ def test_wait_for_clear_and_stop(rx: OTLPReceiver) -> None:
     assert (rx.spans(), rx.log_records(), rx.metrics(), rx.requests) == ([], [], [], {})
     rx.stop()
     rx.stop()  # idempotent
+
+
+def test_drain_takes_what_arrived_once(rx: OTLPReceiver) -> None:
+    _emit_spans(GrpcSpanExporter(endpoint=rx.grpc_endpoint, insecure=True))
+    _emit_logs(GrpcLogExporter(endpoint=rx.grpc_endpoint, insecure=True))
+    rx.wait_for(lambda r: r.spans(name="child") and r.log_records(), timeout=10)
+
+    spans, logs, points = rx.drain()
+    assert sorted(s["name"] for s in spans) == ["child", "parent"]
+    assert len(logs) == 2  # the warning in the span, "outside"
+    assert points == []
+    assert rx.drain() == ([], [], [])
+    assert (rx.spans(), rx.log_records()) == ([], [])
+    assert rx.requests[("grpc", "traces")] >= 1  # request counts are kept
