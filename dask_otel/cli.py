@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "demo":
             return demo_module.run(args.output, args.size)
         summary.render(summary.summarize(args.path), sys.stdout)
-    except summary.SummaryError as e:
+    except (summary.SummaryError, demo_module.DemoError) as e:
         print(f"dask-otel: {e}", file=sys.stderr)
         return 2
     return 0
