@@ -1,4 +1,5 @@
-"""The client side: a ``compute <name>`` span around every graph submission.
+"""The client side: a ``compute <name>`` span around every graph submission, named
+after what the user ran (:mod:`dask_otel.naming`).
 
 ``Client._graph_to_futures`` is the one path behind compute, persist, submit, map and
 get. The span's context rides to the scheduler as a global annotation, the only channel
@@ -9,14 +10,15 @@ from __future__ import annotations
 
 import logging
 import traceback
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import dask
-from dask.utils import key_split
+from dask.core import flatten
 from opentelemetry import context, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from dask_otel import errors, ids, telemetry
+from dask_otel import errors, ids, naming, telemetry
 from dask_otel.activation import activate
 from dask_otel.config import Settings
 from dask_otel.report import report_once
@@ -96,12 +98,9 @@ def _start_span(client: Any, args: Any, kwargs: Any) -> tuple[trace.Span, Settin
     if settings is None:
         return None
     _warn_about_annotation()
+    expr = kwargs["expr"] if "expr" in kwargs else args[0] if args else None
     keys = kwargs["keys"] if "keys" in kwargs else args[1] if len(args) > 1 else ()
-    first = next(iter(keys), None)
-    # A key with no recognisable prefix is its own prefix: cap it like any other string.
-    name = (
-        ids.cap(key_split(first), settings.max_attribute_length) if first is not None else "graph"
-    )
+    name = naming.computation_name(keys, _inputs_in(expr), settings.max_attribute_length)
     attributes: dict[str, Any] = {"dask.client.id": client.id, "dask.graph.keys": len(keys)}
     cluster_id = (getattr(client, "_scheduler_identity", None) or {}).get("id")
     if cluster_id:
@@ -109,6 +108,41 @@ def _start_span(client: Any, args: Any, kwargs: Any) -> tuple[trace.Span, Settin
     span = (
         telemetry.current()
         .tracer()
-        .start_span(f"compute {name}", kind=SpanKind.PRODUCER, attributes=attributes)
+        .start_span(f"compute {name or 'graph'}", kind=SpanKind.PRODUCER, attributes=attributes)
     )
     return (span, settings) if span.get_span_context().is_valid else None
+
+
+def _inputs_in(expr: Any) -> Callable[[Hashable], list[Hashable]]:
+    """``wrapped`` for :func:`naming.computation_name` from the submitted expression.
+
+    A wrapper key (``dask.compute``'s finalize step) is the output of one of the
+    expression's collections (the operands of the ``_ExprSequence`` that ``compute`` and
+    ``persist`` submit); its inputs are the first keys of that collection's operands.
+    """
+
+    def wrapped(key: Hashable) -> list[Hashable]:
+        name = key[0] if isinstance(key, tuple) else key
+        sequence = type(expr).__name__.endswith("ExprSequence")
+        for collection in _expressions(expr) if sequence else [expr]:
+            if _name_of(_first_key(collection)) == name:
+                return [k for k in map(_first_key, _expressions(collection)) if k is not None]
+        return []
+
+    return wrapped
+
+
+def _expressions(expr: Any) -> list[Any]:
+    """The operands of ``expr`` that are expressions themselves."""
+    return [op for op in getattr(expr, "operands", ()) if hasattr(op, "__dask_keys__")]
+
+
+def _first_key(expr: Any) -> Hashable | None:
+    try:
+        return next(iter(flatten(expr.__dask_keys__())), None)
+    except Exception:  # an expression that cannot list its keys names nothing
+        return None
+
+
+def _name_of(key: Hashable | None) -> Hashable | None:
+    return key[0] if isinstance(key, tuple) else key

@@ -20,7 +20,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from dask_otel import emitter, errors, events, ids, logs, metrics, rpc, telemetry
+from dask_otel import emitter, errors, events, ids, logs, metrics, naming, rpc, telemetry
 from dask_otel.activation import activate
 from dask_otel.emitter import SpanEmitter, drain
 from dask_otel.telemetry import PLUGIN_NAME
@@ -193,7 +193,9 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         parent = ids.decode(client_carrier)
         now = time_ns()
         span = self._tracer.start_span(
-            "graph",
+            "graph"
+            if parent
+            else naming.graph_name(keys, scheduler.tasks, self._settings.max_attribute_length),
             # A root needs an explicit empty context: never adopt what the loop has current.
             context=trace.set_span_in_context(trace.NonRecordingSpan(parent))
             if parent

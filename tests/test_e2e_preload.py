@@ -56,5 +56,6 @@ def check_scheduler_rooted(receiver, observed):
         receiver, observed, roles={"dask-scheduler", "dask-worker"}, client_traced=False
     )
     assert not receiver.spans(name="compute slow_inc")
-    (graph,) = [g for g in receiver.spans(name="graph") if g["attributes"]["dask.graph.tasks"] == 8]
+    (graph,) = receiver.spans(name="graph slow_inc")
+    assert graph["attributes"]["dask.graph.tasks"] == 8
     assert graph["parent_span_id"] is None

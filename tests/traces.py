@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+#: The functions tests/scripts/workload.py submits, one computation each.
+FUNCTIONS = ("slow_inc", "log_marker", "fail")
+
 
 def by_trace(spans: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     traces: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -47,9 +50,11 @@ def check_workload_telemetry(
 
     # One trace for the map: client, scheduler and both workers, no missing parent.
     # Every process exports on its own schedule: wait for all the spans the workload makes.
+    # The scheduler names a graph span that roots its trace after what ran.
+    graphs = {"graph": 3} if client_traced else {f"graph {f}": 1 for f in FUNCTIONS}
     expected = {
         "compute slow_inc": 1 if client_traced else 0,
-        "graph": 3,
+        **graphs,
         "task slow_inc": 8,
         "execute slow_inc": 8,
         "task log_marker": 1,
@@ -59,10 +64,11 @@ def check_workload_telemetry(
     }
     rx.wait_for(lambda r: all(len(r.spans(name=n)) >= k for n, k in expected.items()))
     spans = rx.spans()
-    mapped = trace_of(spans, "graph", "task slow_inc")
+    graph = "graph" if client_traced else "graph slow_inc"
+    mapped = trace_of(spans, graph, "task slow_inc")
     # get_data: the client gathering results from the workers, in the same trace.
     names = sorted({s["name"] for s in mapped} - {"get_data", "transfer"})
-    expected = ["execute slow_inc", "graph", "task slow_inc"]
+    expected = ["execute slow_inc", graph, "task slow_inc"]
     assert names == (["compute slow_inc", *expected] if client_traced else expected), names
     assert not orphans(mapped)
     assert {name for name, _ in services(mapped)} == set(roles)
