@@ -9,7 +9,6 @@ get. The span's context rides to the scheduler as a global annotation, the only 
 from __future__ import annotations
 
 import logging
-import traceback
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -42,14 +41,25 @@ def traced_graph_to_futures(wrapped: Any, client: Any, args: Any, kwargs: Any) -
             logger, f"client: {e}", "dask-otel: not tracing this client's submissions: %s", e
         )
         started = None
-    if started is None:
-        return wrapped(*args, **kwargs)
-    span, settings = started
+    try:
+        if started is None:
+            return wrapped(*args, **kwargs)
+        return _submit_traced(wrapped, args, kwargs, *started)
+    except BaseException as e:
+        errors.hide_frame(e)
+        raise
+
+
+def _submit_traced(
+    wrapped: Any, args: Any, kwargs: Any, span: trace.Span, settings: Settings
+) -> Any:
+    """The submission in its ``compute`` span, whose context rides as the annotation."""
     token = context.attach(trace.set_span_in_context(span))
     try:
         with dask.annotate(**{ids.ANNOTATION: ids.encode(span.get_span_context())}):
             return wrapped(*args, **kwargs)
     except BaseException as e:
+        errors.hide_frame(e)
         _record_failure(span, e, settings)
         raise
     finally:
@@ -63,12 +73,9 @@ def traced_graph_to_futures(wrapped: Any, client: Any, args: Any, kwargs: Any) -
 def _record_failure(span: trace.Span, e: BaseException, settings: Settings) -> None:
     """The submission failed (a bad key, an unpicklable graph): say why on its span."""
     try:
-        traceback_text = "".join(traceback.format_tb(e.__traceback__))
         errors.record_exception(
             span,
-            e,
-            None,
-            traceback_text,
+            errors.failure(e),
             settings.max_attribute_length,
             redact=settings.redact_exception_messages,
         )

@@ -15,9 +15,10 @@ then (transfers, spills, requests), from times and attributes.
 from __future__ import annotations
 
 import random
+import traceback
 from collections.abc import Mapping
 from time import time_ns
-from typing import Any, NamedTuple
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.util import types
@@ -107,19 +108,19 @@ class DeferredSpan(trace.Span):
         timestamp: int | None = None,
         escaped: bool = False,
     ) -> None:
-        self._keep("record_exception", exception, attributes, timestamp or time_ns(), escaped)
+        """The SDK's ``exception`` event, made now: the exception and its frames (the
+        task's data) are not kept until the span is built."""
+        event = {
+            "exception.type": errors.type_name(exception),
+            "exception.message": errors.safe_str(exception),
+            "exception.stacktrace": "".join(traceback.format_exception(exception)),
+            "exception.escaped": str(escaped),
+            **(attributes or {}),
+        }
+        self._keep("add_event", "exception", event, timestamp or time_ns())
 
     def __repr__(self) -> str:
         return f"DeferredSpan({self.get_span_context()!r})"
-
-
-class Failure(NamedTuple):
-    """An exception as Dask reports a failed task: the exception (possibly unpicklable,
-    then a stand-in), its message as text, and its traceback's frames as text."""
-
-    exception: Any
-    text: str | None
-    traceback_text: str | None
 
 
 class EndedSpans:
@@ -135,7 +136,11 @@ class EndedSpans:
         self._limit = limit
 
     def submit(self, *span: Any) -> None:
-        """:meth:`build` ``span`` in the emitter's thread, after what was submitted before."""
+        """:meth:`build` ``span`` in the emitter's thread, after what was submitted before.
+        Its error is reduced to text here: it holds the frames of the work that failed."""
+        error = span[5]
+        if error is not None:
+            span = (*span[:5], errors.failure(error), *span[6:])
         self.emitter.submit(self.build, *span)
 
     def build(
@@ -145,15 +150,15 @@ class EndedSpans:
         kind: trace.SpanKind,
         times: tuple[int, int],
         attributes: dict[str, Any],
-        error: BaseException | Failure | None,
+        error: errors.Failure | None,
         links: list[tuple[trace.SpanContext, str]] | None = None,
         deferred: DeferredSpan | None = None,
         final: dict[str, Any] | None = None,
     ) -> None:
         """A span ``name`` from ``times`` (start, end) under ``parent``: a span's context
         (invalid: a root), or (carrier, key) of a task whose ``task`` span is the parent.
-        ``error`` (an exception, or Dask's account of one) makes it an ERROR span with its
-        ``exception``. ``links``: (carrier, key) of other tasks' ``task`` spans it served.
+        ``error`` makes it an ERROR span with its ``exception``. ``links``: (carrier, key)
+        of other tasks' ``task`` spans it served.
         ``deferred``: the span that was current meanwhile, whose id and recorded calls it
         takes. ``final``: attributes set after those calls, so user code cannot change
         them."""
@@ -173,6 +178,5 @@ class EndedSpans:
         if final:
             span.set_attributes(final)
         if error is not None:
-            exception, text, stack = error if isinstance(error, Failure) else (error, None, None)
-            errors.record_exception(span, exception, text, stack, self._limit, timestamp=times[1])
+            errors.record_exception(span, error, self._limit, timestamp=times[1])
         span.end(times[1])

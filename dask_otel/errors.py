@@ -1,17 +1,22 @@
 """What an ``exception`` span event says about a task's failure, computed safely.
 
 Dask hands exceptions around pickled, with their repr and traceback as text. Turning
-them into ``exception.*`` attributes must never raise: ``str()`` of a user exception can.
+them into ``exception.*`` attributes must never raise (``str()`` of a user exception can)
+and never keep them: a :class:`Failure` is text only, made where the failure is seen.
 With ``otel.redact.exception-messages`` the message and stack trace become
 :data:`REDACTED`; the exception's type stays.
 """
 
 from __future__ import annotations
 
+import ast
+import io
 import pickle
 import re
+import sys
+import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
@@ -57,21 +62,53 @@ def safe_str(exc: BaseException) -> str:
         return f"<{type(exc).__name__}: str() failed>"
 
 
+def hide_frame(error: BaseException) -> None:
+    """Take the calling wrapper's frame off the head of ``error``'s traceback, just before
+    the wrapper's bare ``raise``, which from Python 3.11 adds no entry: users see the
+    traceback plain Dask gives, without dask-otel's frames (3.10 puts the entry back)."""
+    tb = error.__traceback__
+    if tb is not None and tb.tb_frame is sys._getframe(1):
+        error.__traceback__ = tb.tb_next
+
+
+class Failure(NamedTuple):
+    """A failure reduced to text where it happened, so that what reports it later (the
+    emitter thread) holds no exception, traceback, frame or task data: its type, message
+    and stack (Dask's ``traceback_text``, or frames as names and line numbers only)."""
+
+    type: str
+    message: str
+    stack: str | traceback.StackSummary | None = None
+
+
+def failure(exception: Any, text: Any = None, traceback_text: str | None = None) -> Failure:
+    """What :func:`record_exception` needs, from an exception or Dask's account of one
+    (its pickle, its repr as ``text``, its frames as ``traceback_text``). Cheap enough for
+    the event loop (no source lines are read); never raises."""
+    exc_type, message = describe(exception, text)
+    stack: str | traceback.StackSummary | None = traceback_text
+    if stack is None and isinstance(exception, BaseException):
+        try:
+            tb = traceback.walk_tb(exception.__traceback__)
+            stack = traceback.StackSummary.extract(tb, lookup_lines=False)
+        except Exception:
+            stack = None
+    return Failure(exc_type, message, stack)
+
+
 def describe(exception: Any, text: Any) -> tuple[str, str]:
     """(``exception.type``, ``exception.message``) from what Dask recorded; never raises.
 
     ``exception`` may be the exception, its pickle (bytes), or a wrapper holding either
-    in ``.data``; ``text`` is its repr. Only bytes the local process can unpickle are
-    read (the worker's own failures, the scheduler's own ``KilledWorker``).
+    in ``.data``; ``text`` is its repr. A pickle is never loaded (that would run the
+    user's code, copy the objects the exception holds and, for a class pickled by value,
+    reset the class's attributes): only the class it names is read. The message is then
+    the exception's ``str()`` when its repr is the default one of literal arguments
+    (``ValueError('boom')``), else the repr.
     """
     if not isinstance(exception, BaseException):  # an exception's own ``.data`` is not a wrapper
         try:
             exception = getattr(exception, "data", exception)
-        except Exception:
-            exception = None
-    if isinstance(exception, (bytes, bytearray)):
-        try:
-            exception = pickle.loads(exception)
         except Exception:
             exception = None
     if text is not None and not isinstance(text, str):
@@ -84,9 +121,69 @@ def describe(exception: Any, text: Any) -> tuple[str, str]:
             # repr still names the original type, as the scheduler sees it.
             return text_type, message
         return type_name(exception), message
+    named = _pickled_class(exception) if isinstance(exception, (bytes, bytearray)) else None
+    if named is not None:
+        module, name = named
+        if module.startswith("cloudpickle"):  # a class pickled by value: the repr names it
+            module, name = "builtins", text_type or "Exception"
+        # Dask's stand-in ``Exception(repr(e))``, or a pickle that names something else
+        # first (a user's ``__reduce__``): the repr's type, as below.
+        if text_type in (None, name.rsplit(".", 1)[-1]):
+            exc_type = name if module == "builtins" else f"{module}.{name}"
+            return exc_type, "" if text is None else _message_from_repr(text, exc_type)
     if text:
         return text_type or "Exception", text
     return "Exception", "unknown error"
+
+
+class _Named(Exception):
+    """Raised by :class:`_FirstClass` with the (module, name) of the class it found."""
+
+
+class _FirstClass(pickle.Unpickler):
+    """Reads a pickle only as far as the first class it names (past the helpers Dask's
+    traceback pickling wraps an exception in), and builds nothing."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module.startswith("tblib"):
+            return _never_called
+        raise _Named(module, name)
+
+
+def _never_called(*args: Any, **kwargs: Any) -> None:
+    """Stands for tblib's helpers: the reading stops before anything is called."""
+
+
+def _pickled_class(data: bytes | bytearray) -> tuple[str, str] | None:
+    """(module, qualified name) of the class a pickled exception names first, or None."""
+    try:
+        _FirstClass(io.BytesIO(data)).load()
+    except _Named as named:
+        return named.args  # type: ignore[return-value]
+    except Exception:
+        pass
+    return None
+
+
+#: Longest repr whose arguments are parsed for the message (longer ones are capped anyway).
+_MAX_PARSED = 4096
+
+
+def _message_from_repr(text: str, exc_type: str) -> str:
+    """``str()`` of the exception whose default repr is ``text``, if its arguments are
+    literals (``ValueError('boom')`` -> ``boom``); else ``text``."""
+    if len(text) > _MAX_PARSED:
+        return text
+    try:
+        call = ast.parse(text, mode="eval").body
+        if not isinstance(call, ast.Call) or call.keywords:
+            return text
+        args = tuple(ast.literal_eval(arg) for arg in call.args)
+    except Exception:  # not Python, not literals, nested too deep
+        return text
+    if len(args) != 1:
+        return str(args) if args else ""
+    return repr(args[0]) if exc_type == "KeyError" else str(args[0])
 
 
 def _text_type(text: str | None) -> str | None:
@@ -103,9 +200,7 @@ def _safe_repr(value: Any) -> str:
 
 def record_exception(
     span: trace.Span,
-    exception: Any,
-    text: str | None,
-    traceback_text: str | None,
+    failure: Failure,
     limit: int,
     timestamp: int | None = None,
     redact: bool | None = None,
@@ -118,7 +213,8 @@ def record_exception(
     ``otel.redact.exception-messages``) replaces message and stack trace by
     :data:`REDACTED`.
     """
-    exc_type, message = describe(exception, text)
+    exc_type, message, stack = failure
+    traceback_text = "".join(stack.format()) if isinstance(stack, traceback.StackSummary) else stack
     if redaction.exception_messages if redact is None else redact:
         message = REDACTED
         traceback_text = REDACTED if traceback_text else None

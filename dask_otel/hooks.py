@@ -14,6 +14,7 @@ from typing import Any
 import distributed
 from wrapt import wrap_function_wrapper
 
+from dask_otel import errors
 from dask_otel.client import traced_graph_to_futures
 from dask_otel.scheduler import DaskOtelSchedulerPlugin
 from dask_otel.worker import DaskOtelWorkerPlugin
@@ -32,7 +33,11 @@ def _with_plugin(plugin_type: type) -> Any:
 
     def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         kwargs["plugins"] = with_plugin(kwargs.get("plugins"), plugin_type)
-        return wrapped(*args, **kwargs)
+        try:
+            return wrapped(*args, **kwargs)
+        except BaseException as e:
+            errors.hide_frame(e)  # a bad argument's traceback shows Dask's frames only
+            raise
 
     return wrapper
 

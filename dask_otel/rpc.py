@@ -24,11 +24,11 @@ from distributed.comm.addressing import get_address_host_port
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from dask_otel import emitter, logs
+from dask_otel import emitter, errors, logs
 from dask_otel.deferred import EndedSpans
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
     from types import ModuleType
 
     from dask_otel.config import Settings
@@ -94,15 +94,19 @@ def _request(state: _State, op: Any, comm: Any) -> tuple[trace.SpanContext, dict
     }
 
 
-async def send_recv(
+def send_recv(
     comm: Any,
     *,
     reply: bool = True,
     serializers: Any = None,
     deserializers: Any = None,
     **kwargs: Any,
-) -> Any:
-    """``distributed.core.send_recv``, in an ``rpc <op>`` span when the request is traced."""
+) -> Awaitable[Any]:
+    """``distributed.core.send_recv``, in an ``rpc <op>`` span when the request is traced.
+
+    Not a coroutine itself: the caller awaits Dask's own (or :func:`_recorded`), so an
+    exception it raises carries no frame of this function.
+    """
     state = _state
     request = None
     if state is not None:
@@ -110,10 +114,6 @@ async def send_recv(
             request = _request(state, kwargs.get("op"), comm)
         except Exception:
             request = None  # telemetry never stands between Dask and its peers
-    if request is None:
-        return await _original_send_recv(
-            comm, reply=reply, serializers=serializers, deserializers=deserializers, **kwargs
-        )
     call = functools.partial(
         _original_send_recv,
         comm,
@@ -122,9 +122,11 @@ async def send_recv(
         deserializers=deserializers,
         **kwargs,
     )
+    if request is None:
+        return call()
     parent, attributes = request
     spans = state.spans  # type: ignore[union-attr]
-    return await _recorded(call, spans, f"rpc {kwargs['op']}", parent, SpanKind.CLIENT, attributes)
+    return _recorded(call, spans, f"rpc {kwargs['op']}", parent, SpanKind.CLIENT, attributes)
 
 
 async def _recorded(
@@ -135,24 +137,28 @@ async def _recorded(
     kind: SpanKind,
     attributes: dict[str, Any],
 ) -> Any:
-    """Await ``call``; then the span ``name`` is built from its times (ERROR if it raised)."""
+    """Await ``call``; then the span ``name`` is built from its times (ERROR if it raised).
+    What it raises leaves without this frame in its traceback."""
     start = time_ns()
     error = None
     try:
         result = call()
         return await result if inspect.isawaitable(result) else result
     except BaseException as e:
+        errors.hide_frame(e)
         error = e
         raise
     finally:
         spans.submit(name, parent, kind, (start, time_ns()), attributes, error)
+        error = None  # no cycle exception -> traceback -> frame -> error (3.10 keeps it)
 
 
 def traced_handler(handler: Callable[..., Any], op: str, spans: EndedSpans) -> Callable[..., Any]:
     """``handler`` in a SERVER span ``rpc <op>``; its signature stays (Dask inspects it)."""
 
     @functools.wraps(handler)
-    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        # Returns the coroutine Dask awaits: no frame of its own in a failure's traceback.
         call = functools.partial(handler, *args, **kwargs)
         comm = args[0] if args else kwargs.get("comm")
         try:
@@ -163,11 +169,10 @@ def traced_handler(handler: Callable[..., Any], op: str, spans: EndedSpans) -> C
                 **peer_attributes(getattr(comm, "peer_address", None), "network.peer"),
             }
         except Exception:  # telemetry never stands between Dask and its peers
-            result = call()
-            return await result if inspect.isawaitable(result) else result
+            return call()
         # A root: nothing links a request to its sender's trace.
         root = trace.INVALID_SPAN_CONTEXT
-        return await _recorded(call, spans, f"rpc {op}", root, SpanKind.SERVER, attributes)
+        return _recorded(call, spans, f"rpc {op}", root, SpanKind.SERVER, attributes)
 
     return wrapper
 

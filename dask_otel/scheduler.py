@@ -326,9 +326,15 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
                 record.compute_seconds += startstop["stop"] - startstop["start"]
         ts = self._scheduler.tasks.get(record.key)  # type: ignore[union-attr]
         if state == "erred":
+            # As text now: the exception (Dask's own KilledWorker, or a worker's pickle)
+            # is not kept until the emitter reports it.
             record.error = {
-                name: kwargs.get(name)
-                for name in ("exception", "exception_text", "traceback_text", "cause")
+                "failure": errors.failure(
+                    kwargs.get("exception"),
+                    kwargs.get("exception_text"),
+                    kwargs.get("traceback_text"),
+                ),
+                "cause": kwargs.get("cause"),
             }
             if record.error["cause"] is None and ts is not None and ts.exception_blame:
                 # Dependents of a failed task are erred without kwargs; Dask blames one.
@@ -406,9 +412,7 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         workers = record.workers or ([record.worker] if record.worker else [])
         errors.record_exception(
             span,
-            error.get("exception"),
-            error.get("exception_text"),
-            error.get("traceback_text"),
+            error["failure"],
             limit,
             timestamp=record.end_ns,
             **({"dask.task.workers": workers} if workers else {}),

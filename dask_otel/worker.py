@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import traceback
 from itertools import islice
 from time import perf_counter, time_ns
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -31,9 +30,9 @@ from distributed.worker_state_machine import (
 from opentelemetry import context, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from dask_otel import emitter, ids, logs, metrics, rpc, telemetry
+from dask_otel import emitter, errors, ids, logs, metrics, rpc, telemetry
 from dask_otel.activation import activate
-from dask_otel.deferred import DeferredSpan, EndedSpans, Failure
+from dask_otel.deferred import DeferredSpan, EndedSpans
 from dask_otel.emitter import drain
 from dask_otel.report import report_once
 from dask_otel.spill import SpillTracer
@@ -230,6 +229,7 @@ class GetDataTracer:
         try:
             result = await self.original(comm, **kwargs)
         except BaseException as e:
+            errors.hide_frame(e)
             error = e
             raise
         else:
@@ -239,6 +239,7 @@ class GetDataTracer:
         finally:
             times = (start, time_ns())
             self.spans.submit("get_data", produced, SpanKind.SERVER, times, attributes, error)
+            error = None  # no cycle exception -> traceback -> frame -> error (3.10 keeps it)
 
     def _start(
         self, comm: Any, keys: Any, who: str | None
@@ -276,7 +277,6 @@ class _Attempt:
         "annotation",
         "carrier",
         "end_ns",
-        "error",
         "failure",
         "key",
         "outcome",
@@ -308,10 +308,9 @@ class _Attempt:
         self.outcome: str | None = None
         #: Dask's own (start, stop) of the run, in seconds since the epoch.
         self.timing: tuple[float, float] | None = None
-        #: The task's exception, as Dask reported it.
-        self.failure: Failure | None = None
-        #: Raised by Dask's ``execute`` itself (not by the task).
-        self.error: BaseException | None = None
+        #: The task's exception as Dask reported it, or one raised by Dask's ``execute``
+        #: itself: as text (no frame, argument or exception outlives the attempt).
+        self.failure: errors.Failure | None = None
 
     def note(self, result: Any) -> None:
         """Keep what the reports need from Dask's result."""
@@ -322,17 +321,9 @@ class _Attempt:
             if result.start is not None and result.stop is not None:
                 self.timing = (result.start, result.stop)
             if isinstance(result, ExecuteFailureEvent):
-                self.failure = Failure(
+                self.failure = errors.failure(
                     result.exception, result.exception_text, result.traceback_text
                 )
-
-    def failed(self) -> Failure | None:
-        """What failed: the task (as Dask reported it) or Dask's ``execute`` itself, whose
-        stack is formatted here, in the emitter thread."""
-        if self.error is not None:
-            stack = "".join(traceback.format_tb(self.error.__traceback__))
-            return Failure(self.error, None, stack)
-        return self.failure
 
 
 class ExecuteTracer(_InstancePatch):
@@ -376,7 +367,8 @@ class ExecuteTracer(_InstancePatch):
             result = await self.original(key, stimulus_id=stimulus_id)
         except BaseException as e:
             # Dask's execute handles task errors itself: this is Dask failing (or cancelled).
-            attempt.error = e
+            errors.hide_frame(e)
+            attempt.failure = errors.failure(e)
             raise
         else:
             attempt.note(result)
@@ -430,7 +422,7 @@ class ExecuteTracer(_InstancePatch):
                 "dask.task.prefix": prefix,
                 "dask.task.group": ids.cap(key_split_group(attempt.key), limit),
             },
-            attempt.failed(),
+            attempt.failure,
             deferred=attempt.span,
             final=final,
         )

@@ -52,6 +52,13 @@ class Telemetry:
 @pytest.fixture
 def telemetry() -> Iterator[Telemetry]:
     """DaskInstrumentor active with in-memory providers; uninstrumented afterwards."""
+    with instrumented() as t:
+        yield t
+
+
+@contextmanager
+def instrumented() -> Iterator[Telemetry]:
+    """DaskInstrumentor active with in-memory providers in this block."""
     t = Telemetry()
     dask_otel.DaskInstrumentor().instrument(
         tracer_provider=t.tracer_provider,

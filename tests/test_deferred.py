@@ -3,6 +3,8 @@ EndedSpans: spans of finished work, built by an emitter from times and attribute
 
 from __future__ import annotations
 
+import gc
+import weakref
 from time import time_ns
 
 from opentelemetry import trace
@@ -80,6 +82,34 @@ def test_everything_done_to_it_is_replayed_in_order_with_its_times():
     (link,) = span.links
     assert (link.context.span_id, link.attributes["why"]) == (8, "input")
     assert span.status.status_code is StatusCode.ERROR
+
+
+def test_it_keeps_no_exception_until_it_is_replayed():
+    """``record_exception`` in a task: the exception's frames hold the task's data, which
+    must not live until the emitter builds the span. The event is the SDK's all the same."""
+
+    class Data:
+        pass
+
+    def fail(data: Data) -> None:
+        raise ValueError("bad row")
+
+    deferred = DeferredSpan(PARENT)
+    data = Data()
+    alive = weakref.ref(data)
+    try:
+        fail(data)
+    except ValueError as e:
+        deferred.record_exception(e, timestamp=5)
+        sdk = TracerProvider().get_tracer("test").start_span("sdk")
+        sdk.record_exception(e, timestamp=5)
+        sdk.end()
+    del data
+    gc.collect()
+    assert alive() is None
+    (event,) = real_span_for(deferred).events
+    assert event.name == "exception" and event.timestamp == 5
+    assert dict(event.attributes) == dict(sdk.events[0].attributes)
 
 
 def test_calls_are_bounded():
