@@ -436,8 +436,15 @@ def rerun(runner: Runner, test_id: str, work: Path) -> dict[str, Any]:
 
 
 def git_head() -> str:
+    """The commit of the dask-otel under test: the checkout the virtualenv imports it from."""
+    spec = importlib.util.find_spec("dask_otel")
+    if spec is None or spec.origin is None:
+        sys.exit("dask_otel is not installed in this Python")
+    checkout = Path(spec.origin).parent.parent
     return subprocess.run(
-        ["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True
+        ["git", "-C", str(checkout), "describe", "--always", "--dirty"],
+        capture_output=True,
+        text=True,
     ).stdout.strip()
 
 
@@ -463,9 +470,10 @@ def report(out: Path) -> str:
     if not records:
         return f"no results in {out}"
     first = records[0]
+    commits = Counter(record["dask_otel"] for record in records)
     lines = [
-        f"distributed {first['distributed']}, tests from {first['tests_from']}, "
-        f"dask-otel {first['dask_otel']}",
+        f"distributed {first['distributed']}, tests from {first['tests_from']}, dask-otel "
+        + ", ".join(f"{commit} ({n} files)" for commit, n in commits.items()),
         "",
         "| file | plain p/f/e/s | s | instrumented p/f/e/s | s | ratio "
         "| passed plain, failed instrumented | spans/logs/points | load |",
@@ -481,8 +489,10 @@ def report(out: Path) -> str:
         rx = runs["instrumented"]["receiver"]
         loads = [x for mode in MODES for x in runs[mode]["load"]]
         active = "" if record["dask_otel_active"]["instrumented"] else " (NOT ACTIVE)"
+        commit = f" ({record['dask_otel']})" if len(commits) > 1 else ""
         lines.append(
-            f"| {record['file']} | {row(runs['plain'])} | {row(runs['instrumented'])} "
+            f"| {record['file']}{commit} "
+            f"| {row(runs['plain'])} | {row(runs['instrumented'])} "
             f"| {runs['instrumented']['wall'] / runs['plain']['wall']:.2f} | {named or '-'} "
             f"| {rx['spans']}/{rx['log_records']}/{rx['metric_points']}{active} "
             f"| {min(loads):.1f}-{max(loads):.1f} |"
