@@ -119,17 +119,23 @@ class TransferTracer(_InstancePatch):
             span = DeferredSpan(started[0][0])
             token = context.attach(trace.set_span_in_context(span))
         start_ns = time_ns()
+        # Reported on every way out: a fetch cancelled (its worker closing) still has the
+        # span that its ``rpc get_data`` request names as parent.
+        outcome = "error"  # Dask's gather_dep itself failed
         try:
             result = await self.original(worker, to_gather, total_nbytes, stimulus_id=stimulus_id)
+            outcome = self.OUTCOMES.get(type(result), "other")
+            return result
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
         finally:
             if span is not None:
                 context.detach(token)
-        outcome = self.OUTCOMES.get(type(result), "other")
-        times = (start_ns, time_ns())
-        self.spans.emitter.submit(
-            self._report, perf_counter() - start, outcome, total_nbytes, times, started, span
-        )
-        return result
+            times = (start_ns, time_ns())
+            self.spans.emitter.submit(
+                self._report, perf_counter() - start, outcome, total_nbytes, times, started, span
+            )
 
     def _report(
         self,

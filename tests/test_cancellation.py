@@ -1,0 +1,120 @@
+"""Spans of work cut short: a fetch cancelled because its worker closes, and churn.
+
+A span's parent is emitted on every exit path, cancellation included, so no span is left
+without its parent (0 orphans).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import dask
+import numpy as np
+from conftest import flush_emitters
+from distributed import Client, LocalCluster, Scheduler, Worker, wait
+from distributed.utils_test import BlockedGetData
+from test_tracing import assert_no_orphans
+
+
+def inc(x: int) -> int:
+    return x + 1
+
+
+def test_a_fetch_cancelled_by_its_worker_closing_emits_its_transfer_span(telemetry):
+    """The receiving worker closes while its ``gather_dep`` waits for the sender: the
+    nested ``rpc get_data`` request (ERROR, CancelledError) keeps its ``transfer`` parent,
+    and the fetch is counted in ``dask.worker.transfer.duration`` as cancelled."""
+
+    async def main() -> None:
+        with dask.config.set({"distributed.scheduler.work-stealing": False}):
+            async with (
+                Scheduler(host="127.0.0.1", port=0, dashboard_address=":0") as scheduler,
+                BlockedGetData(scheduler.address, host="127.0.0.1", nthreads=1) as sender,
+                Worker(scheduler.address, host="127.0.0.1", nthreads=1) as receiver,
+                Worker(scheduler.address, host="127.0.0.1", nthreads=1),  # then runs y
+                Client(scheduler.address, asynchronous=True) as client,
+            ):
+                x = client.submit(inc, 1, key="x", workers=[sender.address])
+                await wait(x)  # its data stays on the sender, whose get_data blocks
+                y = client.submit(
+                    inc, x, key="y", workers=[receiver.address], allow_other_workers=True
+                )
+                await sender.in_get_data.wait()
+                await receiver.close()  # gather_dep is cancelled mid-fetch
+                sender.block_get_data.set()
+                assert await y == 3
+                # One emitter builds the spans of every server in this process.
+                assert scheduler.plugins["dask-otel"]._emitter.flush(10)
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+    spans = telemetry.spans()
+    requests = [s for s in spans if s.name == "rpc get_data"]
+    assert any(s.status.status_code.name == "ERROR" for s in requests)
+    cancelled = [
+        s
+        for s in telemetry.spans("transfer")
+        if s.attributes["dask.transfer.outcome"] == "cancelled"
+    ]
+    assert len(cancelled) == 1
+    assert_no_orphans(spans)
+    points = [
+        p.attributes["dask.transfer.outcome"]
+        for m in telemetry.metric_reader.get_metrics_data().resource_metrics
+        for sm in m.scope_metrics
+        for metric in sm.metrics
+        if metric.name == "dask.worker.transfer.duration"
+        for p in metric.data.data_points
+    ]
+    assert "cancelled" in points
+
+
+def block(i: int) -> np.ndarray:
+    return np.full(1_000_000, i, dtype=float)  # 8 MB
+
+
+def add(*args: np.ndarray) -> np.ndarray:
+    return sum(args)
+
+
+def test_no_orphans_while_workers_come_and_go(telemetry):
+    """Workers added and retired (``cluster.scale``) while tasks move data between them:
+    every span that arrives has its parent, whatever was cut short."""
+    # Over TCP, as between processes: data is serialized and fetches take a while.
+    options = {"n_workers": 2, "threads_per_worker": 1, "processes": False, "protocol": "tcp"}
+    # A worker retired while it runs a task counts towards KilledWorker: churn is the point.
+    with (
+        dask.config.set({"distributed.scheduler.allowed-failures": 1000}),
+        LocalCluster(host="127.0.0.1", dashboard_address="127.0.0.1:0", **options) as cluster,
+        Client(cluster) as client,
+    ):
+        done = threading.Event()
+
+        def churn() -> None:
+            for n in (4, 1, 3, 1, 4, 1, 2):
+                cluster.scale(n)
+                # Settled before the next change: Dask's SpecCluster trips over a worker
+                # retired before it started.
+                deadline = time.monotonic() + 30
+                while len(cluster.scheduler.workers) != n and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                time.sleep(0.1)
+            done.set()
+
+        thread = threading.Thread(target=churn)
+        thread.start()
+        try:
+            rounds = 0
+            while not done.is_set() or rounds < 2:
+                layer = client.map(block, range(32), pure=False)
+                while len(layer) > 1:  # each task sums inputs from two tasks
+                    layer = [client.submit(add, *layer[i : i + 2]) for i in range(0, len(layer), 2)]
+                assert layer[0].result()[0] == sum(range(32))
+                rounds += 1
+        finally:
+            thread.join()
+        flush_emitters(client)
+    spans = telemetry.spans()
+    assert telemetry.spans("transfer")
+    assert_no_orphans(spans)
