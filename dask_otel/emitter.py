@@ -55,6 +55,8 @@ class SpanEmitter:
         self._idle_rounds = max(1, round(idle / interval))
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        #: Set by :meth:`close`: the thread ends as soon as it has nothing to do.
+        self._closing = False
 
     def submit(self, emit: Callable[..., None], *args: Any) -> None:
         """Call ``emit(*args)`` in the background thread, after everything before it."""
@@ -72,6 +74,20 @@ class SpanEmitter:
         self._wake.set()
         return done.wait(timeout)
 
+    def close(self, timeout: float) -> bool:
+        """:meth:`flush`, then end the thread now rather than after ``idle`` seconds: a
+        closed cluster leaves no dask-otel thread for anyone (distributed's leak checks
+        among them) to wait for. A later ``submit`` starts another. False on timeout."""
+        deadline = perf_counter() + timeout
+        flushed = self.flush(timeout)
+        thread = self._thread
+        if thread is None:
+            return flushed
+        self._closing = True
+        self._wake.set()
+        thread.join(max(0.0, deadline - perf_counter()))
+        return flushed and not thread.is_alive()
+
     def _drain_at_exit(self, timeout: float) -> None:
         """What is still pending, emitted before the SDK's own exit shutdown exports it."""
         if not self._pending:
@@ -88,6 +104,7 @@ class SpanEmitter:
         keep the backlog for the next ``submit`` to try again: never fail the caller."""
         with self._lock:
             if self._thread is None:
+                self._closing = False
                 thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 try:
                     thread.start()
@@ -109,7 +126,7 @@ class SpanEmitter:
                 if perf_counter() > pause_at and len(pending) < PAUSE_BELOW:
                     sleep(PAUSE)
                     pause_at = perf_counter() + SLICE
-            if idle >= self._idle_rounds and self._retire():
+            if (self._closing or idle >= self._idle_rounds) and self._retire():
                 return
 
     @staticmethod
@@ -189,5 +206,5 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 def drain(emitter: SpanEmitter, providers: telemetry.Providers, timeout: float) -> None:
     """Emit what ``emitter`` holds, then export it: each step waits half of ``timeout``."""
-    emitter.flush(timeout / 2)  # its thread ends by itself once idle
+    emitter.close(timeout / 2)
     telemetry.flush(providers, timeout / 2)

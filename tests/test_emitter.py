@@ -40,6 +40,22 @@ def test_the_thread_ends_when_idle_and_comes_back_on_demand():
     assert seen == [1, 2]
 
 
+def test_close_emits_everything_and_ends_the_thread_at_once():
+    """What a closing scheduler or worker does: no thread left to wait for (the idle
+    timeout is an hour here); the next submission starts one again."""
+    emitter = SpanEmitter("test-emitter-close", idle=3600)
+    seen: list[int] = []
+    emitter.submit(seen.append, 1)
+    assert emitter.close(5)
+    assert seen == [1] and not emitter_threads("test-emitter-close")
+    emitter.submit(seen.append, 2)
+    assert emitter.flush(5)
+    assert seen == [1, 2]
+    time.sleep(0.3)  # several wake-ups: the new thread is not closing
+    assert len(emitter_threads("test-emitter-close")) == 1
+    assert emitter.close(5)
+
+
 def test_submissions_racing_the_thread_ending_are_never_lost():
     emitter = SpanEmitter("test-emitter", interval=0.001, idle=0.001)
     seen: list[int] = []

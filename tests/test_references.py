@@ -4,6 +4,8 @@ distributed's own ``test_worker_descopes_data``: once a failed task is released,
 from its frame, its inputs or its exception may be alive. Here the emitter thread is
 held busy while the task fails and is released, so a reference queued for it (the
 exception, its traceback, the objects in either) would still be alive when we look.
+And a closed cluster leaves no dask-otel thread behind (distributed's leak checks wait
+for every thread a test started).
 """
 
 from __future__ import annotations
@@ -70,3 +72,14 @@ def test_a_released_failure_leaves_nothing_alive(telemetry):
     assert event.attributes["exception.type"] == "Exception"
     assert "in f\n" in event.attributes["exception.stacktrace"]
     assert "C object at" in event.attributes["exception.message"]  # the repr: not literals
+
+
+def dask_otel_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("dask-otel")]
+
+
+def test_a_closed_cluster_leaves_no_thread(telemetry):
+    with in_process_cluster() as client:
+        assert client.submit(sum, [1, 2]).result() == 3
+        assert dask_otel_threads()  # the span emitter, at least
+    assert not dask_otel_threads()
