@@ -43,7 +43,6 @@ import argparse
 import contextlib
 import importlib.metadata
 import importlib.util
-import io
 import json
 import os
 import re
@@ -51,7 +50,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
 import time
@@ -98,8 +96,7 @@ def run_directory(args: argparse.Namespace) -> Iterator[Path]:
                 check=True,
                 capture_output=True,
             ).stdout
-            with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-                tar.extractall(source, filter="data")
+            subprocess.run(["tar", "-x", "-C", str(source)], input=archive, check=True)
         else:
             source = Path(args.source)
         tests = source / "distributed" / "tests"
@@ -114,14 +111,13 @@ def run_directory(args: argparse.Namespace) -> Iterator[Path]:
         plugins.mkdir()
         shutil.copy(Path(__file__).with_name("peer_suite_plugin.py"), plugins)
         conftest = (source / "conftest.py").read_text()
-        if importlib.util.find_spec("distributed.pytest_resourceleaks") is None:
+        plugin = '"distributed.pytest_resourceleaks"'
+        if plugin in conftest and importlib.util.find_spec(plugin.strip('"')) is None:
             shutil.copy(
                 source / "distributed" / "pytest_resourceleaks.py",
                 plugins / "distributed_pytest_resourceleaks.py",
             )
-            conftest = conftest.replace(
-                '"distributed.pytest_resourceleaks"', '"distributed_pytest_resourceleaks"'
-            )
+            conftest = conftest.replace(plugin, '"distributed_pytest_resourceleaks"')
         (rundir / "conftest.py").write_text(conftest)
         (rundir / "pyproject.toml").write_text(pytest_config(source / "pyproject.toml"))
         yield rundir
@@ -129,7 +125,10 @@ def run_directory(args: argparse.Namespace) -> Iterator[Path]:
 
 def pytest_config(pyproject: Path) -> str:
     """The source's ``[tool.pytest.ini_options]``, without coverage options (not measured)."""
-    import tomllib
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: pytest's own dependency
+        import tomli as tomllib
 
     options = tomllib.loads(pyproject.read_text())["tool"]["pytest"]["ini_options"]
     options["addopts"] = " ".join(
@@ -569,6 +568,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         print(report(args.report))
         return 0
+    args.out = args.out.resolve()  # pytest runs in the run directory
     args.out.mkdir(parents=True, exist_ok=True)
     rx_module = receiver_module()
     with run_directory(args) as rundir, rx_module.OTLPReceiver() as receiver:
