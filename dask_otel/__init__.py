@@ -19,6 +19,7 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
 from dask_otel import hooks, logs, rpc, telemetry
 from dask_otel.activation import activate
+from dask_otel.nanny import DaskOtelNannyPlugin
 from dask_otel.package import _instruments
 from dask_otel.preload import dask_setup
 from dask_otel.scheduler import DaskOtelSchedulerPlugin
@@ -28,6 +29,7 @@ from dask_otel.worker import DaskOtelWorkerPlugin
 
 __all__ = [
     "DaskInstrumentor",
+    "DaskOtelNannyPlugin",
     "DaskOtelSchedulerPlugin",
     "DaskOtelWorkerPlugin",
     "__version__",
@@ -85,6 +87,8 @@ def instrument(client: Any = None, **providers: Any) -> Awaitable[None] | None:
 async def _register_plugins(client: Any, active: bool) -> None:
     if active:
         await client.register_plugin(DaskOtelSchedulerPlugin())
+        # Nannies first: a worker finds its Nanny's flight recorder directory at setup.
+        await client.register_plugin(DaskOtelNannyPlugin())
         await client.register_plugin(DaskOtelWorkerPlugin())
 
 
@@ -106,8 +110,9 @@ async def _uninstrument_asynchronous(client: Any) -> None:
 
 async def _unregister_plugins(client: Any) -> None:
     await client.run_on_scheduler(_detach_scheduler_plugin)
-    with contextlib.suppress(ValueError):  # never registered through this client
-        await client.unregister_worker_plugin(PLUGIN_NAME)
+    for nanny in (False, True):
+        with contextlib.suppress(ValueError):  # never registered through this client
+            await client.unregister_worker_plugin(PLUGIN_NAME, nanny=nanny)
 
 
 async def _detach_scheduler_plugin(dask_scheduler: Any) -> None:

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 
 import dask.config
 import yaml
-from dask.utils import parse_timedelta
+from dask.utils import format_bytes, parse_bytes, parse_timedelta
+
+from dask_otel import flight
 
 _DEFAULTS_PATH = pathlib.Path(__file__).with_name("otel.yaml")
 with _DEFAULTS_PATH.open() as _f:
@@ -51,6 +53,9 @@ class Settings:
     logs_level: int
     logs_loggers: tuple[str, ...]
     logs_exclude_event_topics: tuple[str, ...]
+    flight_recorder_size: int
+    memory_history: float
+    death_log_lines: int
 
 
 def _get(key: str) -> object:
@@ -91,6 +96,24 @@ def _seconds(key: str) -> float:
     if seconds is None or seconds < 0:
         raise ConfigError(f"otel.{key} must be a non-negative duration, got {value!r}")
     return seconds
+
+
+def _bytes(key: str, minimum: int) -> int:
+    """A size such as ``4MiB`` (bytes), at least ``minimum``; 0 (or false) for none."""
+    value = _get(key)
+    if value is False or value == 0:
+        return 0
+    try:
+        size = parse_bytes(value) if isinstance(value, str) else value
+    except ValueError as e:
+        raise ConfigError(f"otel.{key} must be a size such as '4MiB', or 0, got {value!r}") from e
+    if size == 0:
+        return 0
+    if isinstance(size, bool) or not isinstance(size, int) or size < minimum:
+        raise ConfigError(
+            f"otel.{key} must be 0 or a size of at least {format_bytes(minimum)}, got {value!r}"
+        )
+    return size
 
 
 def _level(key: str) -> int:
@@ -136,4 +159,7 @@ def load_settings() -> Settings:
         logs_level=_level("logs.level"),
         logs_loggers=_names("logs.loggers"),
         logs_exclude_event_topics=_names("logs.exclude-event-topics"),
+        flight_recorder_size=_bytes("nanny.flight-recorder", flight.MIN_SIZE),
+        memory_history=_seconds("nanny.memory-history"),
+        death_log_lines=_count("nanny.log-lines", 0),
     )

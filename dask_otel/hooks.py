@@ -2,8 +2,10 @@
 
 Each scheduler gets the scheduler plugin, each worker (and each Nanny's worker process,
 whatever its multiprocessing method) the worker plugin, through the ``plugins`` argument
-their constructors already take; every client's submissions get a span. Objects created
-after :func:`uninstall` are left alone.
+their constructors already take; each Nanny runs ``dask_otel`` as a Nanny preload, as
+``--preload-nanny dask_otel`` would (it adds the Nanny plugin once the Nanny listens,
+before its worker starts); every client's submissions get a span. Objects created after
+:func:`uninstall` are left alone.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import dask.config
 import distributed
 from wrapt import wrap_function_wrapper
 
@@ -42,13 +45,34 @@ def _with_plugin(plugin_type: type) -> Any:
     return wrapper
 
 
+#: The module Dask imports as a preload (its ``dask_setup``).
+PRELOAD = "dask_otel"
+
+
+def _nanny_with_plugins(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    """``Nanny(...)`` with the worker plugin for its worker and ``dask_otel`` preloaded."""
+    kwargs["plugins"] = with_plugin(kwargs.get("plugins"), DaskOtelWorkerPlugin)
+    preloads = kwargs.get("preload_nanny")
+    if preloads is None:
+        preloads = dask.config.get("distributed.nanny.preload")
+    preloads = [preloads] if isinstance(preloads, str) else list(preloads or ())
+    if PRELOAD not in preloads:
+        kwargs["preload_nanny"] = [*preloads, PRELOAD]
+        argv = kwargs.get("preload_nanny_argv")
+        if argv is None:
+            argv = dask.config.get("distributed.nanny.preload-argv")
+        if argv and not isinstance(argv[0], str):  # one list per preload
+            kwargs["preload_nanny_argv"] = [*argv, []]
+    return wrapped(*args, **kwargs)
+
+
 _PATCHES = (
     (distributed.Client, "_graph_to_futures", traced_graph_to_futures),
     (distributed.Scheduler, "__init__", _with_plugin(DaskOtelSchedulerPlugin)),
     (distributed.Worker, "__init__", _with_plugin(DaskOtelWorkerPlugin)),
     # A Nanny passes unknown keyword arguments to its Worker: the plugin is pickled into
     # the worker process with spawn, fork and forkserver alike.
-    (distributed.Nanny, "__init__", _with_plugin(DaskOtelWorkerPlugin)),
+    (distributed.Nanny, "__init__", _nanny_with_plugins),
 )
 
 

@@ -42,6 +42,8 @@ _EXCEPTION_TYPE = re.compile(r"([A-Za-z_][\w.]*)")
 #: Identity of this process, added to every exported record (filled by the plugins).
 identity: dict[str, str] = {}
 _workers: set[str] = set()
+#: Nannies running in this process, with the worker each supervises.
+_nannies: dict[str, str | None] = {}
 #: Schedulers and workers running in this process, by cluster id.
 _clusters: Counter[str] = Counter()
 
@@ -65,6 +67,7 @@ def _after_fork_in_child() -> None:
     """A forked child hosts none of its parent's schedulers and workers."""
     _clusters.clear()
     _workers.clear()
+    _nannies.clear()
     _name_cluster()
     _name_worker()
 
@@ -90,11 +93,28 @@ def remove_worker(address: str) -> None:
     _name_worker()
 
 
+def add_nanny(address: str, worker: str | None) -> None:
+    """Name the Nanny and the worker it supervises on this process's records (a Nanny's
+    records are about its worker), unless several share the process."""
+    _nannies[address] = worker
+    _name_worker()
+
+
+def remove_nanny(address: str) -> None:
+    _nannies.pop(address, None)
+    _name_worker()
+
+
 def _name_worker() -> None:
-    if len(_workers) == 1:
-        identity["dask.worker.address"] = next(iter(_workers))
+    _name("dask.worker.address", _workers or {w for w in _nannies.values() if w})
+    _name("dask.nanny.address", set(_nannies))
+
+
+def _name(attribute: str, values: set[str]) -> None:
+    if len(values) == 1:
+        identity[attribute] = next(iter(values))
     else:
-        identity.pop("dask.worker.address", None)
+        identity.pop(attribute, None)
 
 
 class DaskRecordFilter(logging.Filter):

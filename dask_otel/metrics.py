@@ -205,6 +205,13 @@ INSTRUMENTS: dict[str, Instrument] = {
         "Run time of one task attempt on a worker",
         ("dask.task.prefix", "dask.task.outcome"),
     ),
+    "dask.nanny.worker.memory": Instrument(
+        "histogram",
+        "By",
+        "Resident memory of the worker process, read by its Nanny at each memory monitor "
+        "interval (the max of a point is the peak since the last export)",
+        ("dask.nanny.address",),
+    ),
     # -- dask-otel itself (reported by dask_otel.sdk, where dask-otel configured the SDK) -
     "dask_otel.exporter.dropped": Instrument(
         "counter",
@@ -221,6 +228,8 @@ DROPPED = "dask_otel.exporter.dropped"
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600)
 #: Bucket boundaries (bytes) for transfer sizes: 1 kB to 10 GB.
 SIZE_BUCKETS = tuple(10.0**e for e in range(3, 11))
+#: Bucket boundaries (bytes) for a process's memory: 64 MiB to 1 TiB, doubling.
+MEMORY_BUCKETS = tuple(float(2**e) for e in range(26, 41))
 
 Points = Iterator[tuple[str, float, Attributes]]
 Observer = Callable[[Any, Attributes], Points]
@@ -418,6 +427,7 @@ class Sources:
             meter, "dask.worker.transfer.duration", DURATION_BUCKETS
         )
         self.transfer_received = _histogram(meter, "dask.worker.transfer.received", SIZE_BUCKETS)
+        self.worker_memory = _histogram(meter, "dask.nanny.worker.memory", MEMORY_BUCKETS)
 
     def add(self, server: Any, observe: Observer, attributes: Attributes) -> None:
         with self._lock:

@@ -1,4 +1,4 @@
-"""``--preload dask_otel``: instrument the scheduler, worker or nanny it runs in.
+"""``--preload dask_otel``: instrument the scheduler, worker or Nanny it runs in.
 
 Works with ``dask scheduler --preload dask_otel``, ``dask worker --preload dask_otel``
 and the ``distributed.{scheduler,worker,nanny}.preload`` config. The plugins do the work;
@@ -11,8 +11,8 @@ from typing import Any
 
 from distributed import Nanny, Scheduler, Worker
 
-from dask_otel.activation import activate
 from dask_otel.hooks import with_plugin
+from dask_otel.nanny import DaskOtelNannyPlugin
 from dask_otel.scheduler import DaskOtelSchedulerPlugin
 from dask_otel.worker import DaskOtelWorkerPlugin
 
@@ -28,7 +28,9 @@ async def dask_setup(server: Any) -> None:
         if with_plugin(present, DaskOtelWorkerPlugin) != present:
             await server.plugin_add(DaskOtelWorkerPlugin(), catch_errors=False)
     elif isinstance(server, Nanny):
-        activate("nanny")
-        # The worker process is spawned after preloads ran; its Worker adds the plugin.
+        # Preloads run once the Nanny listens, before its worker process starts (and
+        # adds the worker plugin, which the Nanny passes to it).
         plugins = server.worker_kwargs.get("plugins")
         server.worker_kwargs["plugins"] = with_plugin(plugins, DaskOtelWorkerPlugin)
+        if DaskOtelNannyPlugin.name not in server.plugins:
+            await server.plugin_add(DaskOtelNannyPlugin())

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from dask_otel import post_mortem
+
 #: Waterfall bar width in characters, and how many traces get one.
 BAR_WIDTH = 40
 WATERFALL_TRACES = 3
@@ -75,6 +77,7 @@ class Summary:
     #: (metric name, attributes, process) -> (time, value, label); the latest point of a
     #: cumulative series is its total
     metrics: dict[tuple[str, str, str], tuple[int, float, str]] = field(default_factory=dict)
+    deaths: post_mortem.Deaths = field(default_factory=post_mortem.Deaths)
 
     def skip(self, problem: str) -> None:
         self.skipped_count += 1
@@ -92,6 +95,8 @@ class Summary:
                     for record in scope_logs.get("logRecords", []):
                         self.log_records += 1
                         self.severities[record.get("severityText") or "UNSET"] += 1
+                        if record.get("eventName") == post_mortem.DIED:
+                            self.deaths.add(record, _attributes(record.get("attributes")))
         elif "resourceMetrics" in request:
             for resource_metrics in request["resourceMetrics"]:
                 resource = _attributes(resource_metrics.get("resource", {}).get("attributes"))
@@ -291,6 +296,8 @@ def render(summary: Summary, out: TextIO) -> None:
         w(f"      attempts {failure['attempts']}, on {workers}\n")
     if summary.erred_dependents:
         w(f"  and {summary.erred_dependents} tasks that erred because a dependency did\n")
+    if summary.deaths.count:
+        post_mortem.render(summary.deaths, summary.failures, out)
     received = summary.metric_total("dask.worker.transfer.received")
     written = summary.metric_total("dask.worker.spill.size", "disk-write")
     read = summary.metric_total("dask.worker.spill.size", "disk-read")

@@ -30,7 +30,7 @@ from distributed.worker_state_machine import (
 from opentelemetry import context, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from dask_otel import emitter, errors, ids, logs, metrics, rpc, telemetry
+from dask_otel import emitter, errors, flight, ids, logs, metrics, rpc, telemetry
 from dask_otel.activation import activate
 from dask_otel.deferred import DeferredSpan, EndedSpans
 from dask_otel.emitter import drain
@@ -357,6 +357,8 @@ class ExecuteTracer(_InstancePatch):
             "dask.worker.address": worker.address,
             "dask.worker.name": ids.cap(str(worker.name), settings.max_attribute_length),
         }
+        #: Where the attempts in progress are noted for this worker's Nanny, if any.
+        self.recorder = flight.open_for(worker, settings.flight_recorder_size)
 
     async def execute(self, key: Any, *, stimulus_id: str) -> Any:
         ts = self.worker.state.tasks.get(key)
@@ -369,6 +371,10 @@ class ExecuteTracer(_InstancePatch):
             span = DeferredSpan(carrier)
             token = context.attach(trace.set_span_in_context(span))
         attempt = _Attempt(key, ts.prefix, annotation, carrier, span, time_ns())
+        recorder = self.recorder
+        if recorder is not None:  # for the Nanny, should this process die during the attempt
+            text = ids.cap(ids.key_to_str(key), self.settings.max_attribute_length)
+            slot = recorder.started(text, ts.prefix, annotation, ts.run_id, attempt.start_ns)
         try:
             result = await self.original(key, stimulus_id=stimulus_id)
         except BaseException as e:
@@ -382,9 +388,13 @@ class ExecuteTracer(_InstancePatch):
         finally:
             if span is not None:
                 context.detach(token)
+            if recorder is not None:
+                recorder.ended(slot)
             attempt.end_ns = time_ns()
             attempt.thread = self.worker.threads.get(key)
             self.spans.emitter.submit(self._report, attempt)
+            if recorder is not None:
+                self.spans.emitter.submit(recorder.reported, slot)
 
     # -- the emitter thread -----------------------------------------------------------------
 
@@ -507,6 +517,8 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
             patch.uninstall()
         closing = self._tracer.spans.emitter
         attributes = self._tracer.static_attributes
+        if self._tracer.recorder is not None:
+            flight.close(self._tracer.recorder)
         self._tracer = None
         self._identity.cancel()
         # The last collection still reads this worker: flush first, then let it go.

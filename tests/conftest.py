@@ -224,10 +224,12 @@ def start_worker(
     name: str,
     instrumented: bool = True,
     nanny: bool = True,
+    options: tuple[str, ...] = (),
 ) -> subprocess.Popen:
-    """A one-thread ``dask worker`` process called ``name`` (with a Nanny unless told)."""
+    """A one-thread ``dask worker`` process called ``name`` (with a Nanny unless told),
+    with more command-line ``options``."""
     command = [bin_path("dask"), "worker", address, "--host", "127.0.0.1", "--nthreads", "1"]
-    command += ["--no-dashboard", "--name", name, *([] if nanny else ["--no-nanny"])]
+    command += ["--no-dashboard", "--name", name, *([] if nanny else ["--no-nanny"]), *options]
     if instrumented:
         command = [bin_path("opentelemetry-instrument"), *command]
     return procs.start(command, env, name)

@@ -42,6 +42,9 @@ def test_defaults():
         logs_level=logging.INFO,
         logs_loggers=("", "distributed"),
         logs_exclude_event_topics=("stealing",),
+        flight_recorder_size=4 * 2**20,
+        memory_history=10.0,
+        death_log_lines=20,
     )
     # The defaults are part of dask.config, where every Dask way of setting config works.
     assert dask.config.get("otel.task.max-events") == 16
@@ -91,6 +94,9 @@ def test_values_set_through_dask_config():
         logs_level=logging.WARNING,
         logs_loggers=("distributed",),
         logs_exclude_event_topics=("stealing",),
+        flight_recorder_size=4 * 2**20,
+        memory_history=10.0,
+        death_log_lines=20,
     )
     with dask.config.set({"otel.enabled": "true", "otel.flush-timeout": 2.5}):
         settings = load_settings()

@@ -12,12 +12,13 @@ from distributed import Semaphore
 from dask_otel.metrics import INSTRUMENTS
 
 #: Instruments that need something this workload does not do (spilling; gilknocker; an
-#: SDK configured by dask-otel, see test_export_drops.py).
+#: SDK configured by dask-otel, see test_export_drops.py; a Nanny, test_post_mortem.py).
 NOT_EXERCISED = {
     "dask.worker.spill.time",
     "dask.scheduler.gil.contention",
     "dask.worker.gil.contention",
     "dask_otel.exporter.dropped",
+    "dask.nanny.worker.memory",
 }
 
 

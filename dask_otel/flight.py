@@ -1,0 +1,433 @@
+"""The flight recorder: what a worker was doing when it died, kept where its Nanny can read.
+
+A worker supervised by a dask-otel Nanny writes, as it goes, into a file that it maps
+into memory (one per worker process, in a directory its Nanny made):
+
+- the task attempts it is executing: key, prefix, trace carrier, run id, start;
+- a copy of each span and log record it queues for export (``sdk`` hands them over),
+  numbered, with the newest number its exporters have sent;
+- its identity and OpenTelemetry resources.
+
+Writing is a store into shared memory: no system call, about a microsecond per record,
+under the lock that keeps the copy in the order of the export queue. The pages belong to
+the file, not to the process: whatever kills the worker (SIGKILL, the memory monitor,
+the kernel's OOM killer, a segfault), its Nanny reads what was written, exports the
+records that were queued but never exported (under the worker's own resource) and says
+what the worker was running. A worker that closes normally deletes its file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import hashlib
+import logging
+import marshal
+import mmap
+import os
+import struct
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dask_otel.report import report_once
+
+logger = logging.getLogger(__name__)
+
+MAGIC = b"DOTELFR1"
+#: Header: magic, pid, slots, slot size, meta size, then one block per ring.
+_HEADER = struct.Struct("<8sIIII")
+#: A ring's block in the header: offset, size, head, tail, appended, exported.
+_RING = struct.Struct("<6Q")
+_RING_STATE = struct.Struct("<3Q")  # head, tail, appended (written after each record)
+_COUNT = struct.Struct("<Q")
+_RING_BLOCKS = (64, 128)  # header offsets of the span ring's block and the log ring's
+_LENGTH = struct.Struct("<I")
+#: Before each record: payload length, number (0, 1, ... per ring), and the numbers of
+#: its resource and instrumentation scope.
+_RECORD = struct.Struct("<IQHH")
+#: Where a record did not fit before the end of the ring: the next one is at its start.
+_WRAP = 0xFFFFFFFF
+
+HEADER_SIZE = 4096
+META_SIZE = 61440
+#: An attempt's slot: state, length, then (key, prefix, annotation, run id, start).
+SLOT_SIZE = 512
+_SLOT = struct.Struct("<II")
+#: Slot states: free; executing; finished, its span not built yet (in the emitter's queue).
+FREE, EXECUTING, FINISHED = 0, 1, 2
+#: Attempt slots: tasks executing, and finished ones whose spans wait to be built.
+SLOTS = 256
+#: Share of the rings' space that holds spans; log records get the rest.
+SPAN_SHARE = 0.75
+#: Smallest size: room for the slots and 64 kiB of rings.
+MIN_SIZE = 512 * 1024
+#: File name suffix; the stem is the worker's pid.
+SUFFIX = ".flight"
+
+
+def directory(nanny_address: str) -> Path:
+    """Where the Nanny at ``nanny_address`` and its workers keep flight recorders.
+
+    Both ends derive it from the Nanny's address (the worker knows it from Dask), so
+    nothing is passed between them, whichever way dask-otel reached either process.
+    """
+    try:
+        user = str(os.getuid())
+    except AttributeError:  # Windows
+        user = getpass.getuser()
+    digest = hashlib.sha1(nanny_address.encode(), usedforsecurity=False).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"dask-otel-{user}" / digest
+
+
+def path_of(nanny_address: str, pid: int) -> Path:
+    return directory(nanny_address) / f"{pid}{SUFFIX}"
+
+
+class Ring:
+    """Length-prefixed records in a region of the file, the oldest overwritten first.
+
+    Records are numbered 0, 1, ... as appended; ``exported`` is the count of those known
+    to have left the export queue (all up to the newest one exported). A record's bytes
+    are written before the head that makes it visible moves past them: a writer killed
+    in the middle leaves the previous records intact.
+    """
+
+    def __init__(self, buffer: mmap.mmap, block: int, offset: int, size: int) -> None:
+        self.buffer = buffer
+        self.block = block
+        self.offset = offset
+        self.size = size
+        #: Bytes ever written (wrapping padding included) and where the oldest record
+        #: still intact starts, both as positions in that endless stream.
+        self.head = 0
+        self.tail = 0
+        self.appended = 0
+        #: Records too large for the ring, not kept.
+        self.skipped = 0
+        _RING.pack_into(buffer, block, offset, size, 0, 0, 0, 0)
+
+    def append(self, payload: bytes, resource: int = 0, scope: int = 0) -> int | None:
+        """Append a record (with the numbers of its resource and scope); returns its
+        number (None: too large, not kept)."""
+        n = _RECORD.size + len(payload)
+        size = self.size
+        if n > size:
+            self.skipped += 1
+            return None
+        buffer, offset, head, tail = self.buffer, self.offset, self.head, self.tail
+        at = head % size
+        pad = size - at if at + n > size else 0
+        end = head + pad + n
+        if tail < end - size:
+            while tail < end - size:  # make room: forget the oldest records
+                position = tail % size
+                room = size - position
+                if room < _RECORD.size:
+                    tail += room
+                    continue
+                (length,) = _LENGTH.unpack_from(buffer, offset + position)
+                tail += room if length == _WRAP else _RECORD.size + length
+            self.tail = tail
+            _COUNT.pack_into(buffer, self.block + 24, tail)  # before overwriting them
+        if pad:
+            if pad >= _LENGTH.size:
+                _LENGTH.pack_into(buffer, offset + at, _WRAP)
+            at = 0
+        number = self.appended
+        start = offset + at
+        buffer[start : start + n] = _RECORD.pack(len(payload), number, resource, scope) + payload
+        self.head = end
+        self.appended = number + 1
+        _RING_STATE.pack_into(buffer, self.block + 16, end, tail, number + 1)
+        return number
+
+    def note_exported(self, count: int) -> None:
+        """Records numbered below ``count`` have left the export queue."""
+        _COUNT.pack_into(self.buffer, self.block + 40, count)
+
+
+@dataclass(frozen=True)
+class RingContents:
+    """What a ring held when its writer stopped."""
+
+    #: (number, (resource, scope), payload), oldest first.
+    records: list[tuple[int, tuple[int, int], bytes]]
+    appended: int
+    #: Records numbered below this left the export queue (exported, or dropped).
+    gone: int
+
+    def decoded(self, first: int = 0) -> list[tuple[tuple[int, int], Any]]:
+        """((resource, scope), values) of the records numbered ``first`` and later."""
+        return [(objects, marshal.loads(p)) for n, objects, p in self.records if n >= first]
+
+    def unexported(self) -> list[tuple[tuple[int, int], Any]]:
+        return self.decoded(self.gone)
+
+    def lost(self) -> int:
+        """Records still queued for export that the ring no longer held (overwritten)."""
+        oldest = self.records[0][0] if self.records else self.appended
+        return max(0, oldest - self.gone)
+
+
+def read_ring(buffer: bytes | mmap.mmap, block: int) -> RingContents:
+    offset, size, head, tail, appended, gone = _RING.unpack_from(buffer, block)
+    records = []
+    position = tail
+    while position < head:
+        at = position % size
+        room = size - at
+        if room < _RECORD.size:
+            position += room
+            continue
+        length, number, resource, scope = _RECORD.unpack_from(buffer, offset + at)
+        if length == _WRAP:
+            position += room
+            continue
+        start = offset + at + _RECORD.size
+        records.append((number, (resource, scope), bytes(buffer[start : start + length])))
+        position += _RECORD.size + length
+    return RingContents(records, appended, gone)
+
+
+class FlightRecorder:
+    """The worker's end: created when a worker of a dask-otel Nanny starts, deleted when
+    it closes. Only the worker's process writes; the Nanny reads after it died."""
+
+    def __init__(self, path: Path, size: int, slots: int) -> None:
+        self.path = path
+        ring_space = size - HEADER_SIZE - META_SIZE - slots * SLOT_SIZE
+        if ring_space < 64 * 1024:
+            raise ValueError(f"a flight recorder of {size} bytes has no room for its rings")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            self.buffer = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self.slots = slots
+        _HEADER.pack_into(self.buffer, 0, MAGIC, os.getpid(), slots, SLOT_SIZE, META_SIZE)
+        span_size = int(ring_space * SPAN_SHARE)
+        first = HEADER_SIZE + META_SIZE + slots * SLOT_SIZE
+        self.spans = Ring(self.buffer, _RING_BLOCKS[0], first, span_size)
+        self.logs = Ring(self.buffer, _RING_BLOCKS[1], first + span_size, ring_space - span_size)
+        #: Keeps the copies in the order of the export queues (see :mod:`dask_otel.sdk`).
+        self.lock = threading.Lock()
+        self._free = list(range(slots - 1, -1, -1))
+        #: Attempts that found no free slot (more tasks executing than slots).
+        self.unrecorded = 0
+        self._meta: dict[str, Any] = {"identity": {}, "objects": []}
+        self._numbers: dict[int, int] = {}
+        self._objects: list[Any] = []  # numbered objects stay alive: ids are not reused
+        self._pairs: dict[tuple[int, int], tuple[int, int]] = {}
+
+    # -- identity ------------------------------------------------------------------------
+
+    def identify(self, **identity: Any) -> None:
+        """Record who this worker is (address, name, cluster id)."""
+        self._meta["identity"].update(identity)
+        self._write_meta()
+
+    def _number(self, obj: Any, describe: Any) -> int:
+        """A number for a resource or instrumentation scope, described in the meta area."""
+        number = self._numbers.get(id(obj))
+        if number is None:
+            number = len(self._objects)
+            self._objects.append(obj)
+            self._numbers[id(obj)] = number
+            self._meta["objects"].append(describe(obj))
+            self._write_meta()
+        return number
+
+    def _write_meta(self) -> None:
+        data = marshal.dumps(self._meta)
+        if len(data) > META_SIZE - _LENGTH.size:
+            logger.warning("dask-otel: flight recorder: identity too large, not recorded")
+            return
+        start = HEADER_SIZE + _LENGTH.size
+        self.buffer[start : start + len(data)] = data
+        _LENGTH.pack_into(self.buffer, HEADER_SIZE, len(data))
+
+    # -- attempts --------------------------------------------------------------------------
+    #
+    # A slot lives from the attempt's start (event loop) until its span is built (the
+    # worker's emitter thread): a worker that dies in between leaves the attempt either
+    # executing (lost with the worker) or finished with its span never built.
+
+    def started(self, key: str, prefix: str, annotation: Any, run_id: int, start_ns: int) -> int:
+        """Note an attempt that starts executing; returns its slot (-1: not recorded)."""
+        try:
+            slot = self._free.pop()
+        except IndexError:
+            self.unrecorded += 1
+            return -1
+        data = marshal.dumps((key, prefix, annotation, run_id, start_ns))
+        if len(data) > SLOT_SIZE - _SLOT.size:
+            data = marshal.dumps((key[:128], prefix[:64], annotation, run_id, start_ns))
+        start = self._slot_offset(slot)
+        self.buffer[start + _SLOT.size : start + _SLOT.size + len(data)] = data
+        _SLOT.pack_into(self.buffer, start, EXECUTING, len(data))
+        return slot
+
+    def ended(self, slot: int) -> None:
+        """The attempt is over; its span is yet to be built."""
+        if slot >= 0:
+            _LENGTH.pack_into(self.buffer, self._slot_offset(slot), FINISHED)
+
+    def reported(self, slot: int) -> None:
+        """Its span is built (and copied with the span queue): the slot is free again."""
+        if slot >= 0:
+            _LENGTH.pack_into(self.buffer, self._slot_offset(slot), FREE)
+            self._free.append(slot)
+
+    def _slot_offset(self, slot: int) -> int:
+        return HEADER_SIZE + META_SIZE + slot * SLOT_SIZE
+
+    # -- telemetry (under self.lock, with the export queue's append) ---------------------
+
+    def span(self, values: tuple, resource: Any, scope: Any) -> int | None:
+        """Copy a span as queued for export (:func:`dask_otel.sdk.compact`); its number."""
+        return self._copy(self.spans, resource, scope, values)
+
+    def log(self, values: tuple, resource: Any, scope: Any) -> int | None:
+        """Copy a log record as queued for export (:func:`dask_otel.sdk.compact_log`)."""
+        return self._copy(self.logs, resource, scope, values)
+
+    def _copy(self, ring: Ring, resource: Any, scope: Any, values: tuple) -> int | None:
+        """Append a record (None if it cannot be copied); never raises into the code that
+        ended a span or logged."""
+        try:
+            numbers = self._pairs.get((id(resource), id(scope)))
+            if numbers is None:
+                numbers = (self._number(resource, _resource), self._number(scope, _scope))
+                self._pairs[id(resource), id(scope)] = numbers
+            return ring.append(marshal.dumps(values), *numbers)
+        except ValueError:  # a value marshal cannot write (not an OTel attribute type)
+            return None
+        except Exception:
+            report_once(logger, "flight", "dask-otel: the flight recorder failed (said once)")
+            return None
+
+    def close(self) -> None:
+        """The worker closed normally: nothing for the Nanny to read. The mapping stays
+        until nothing refers to it: a thread still ending a span writes into it unharmed."""
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+
+
+def _resource(resource: Any) -> tuple:
+    return ("resource", dict(resource.attributes), resource.schema_url)
+
+
+def _scope(scope: Any) -> tuple:
+    if scope is None:
+        return ("scope", "", None, None, None)
+    attributes = getattr(scope, "attributes", None)
+    return ("scope", scope.name, scope.version, scope.schema_url, dict(attributes or {}) or None)
+
+
+# -- the Nanny's end ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """A task attempt the worker was executing when it died (or had finished without
+    its span being built yet: ``finished``)."""
+
+    key: str
+    prefix: str
+    annotation: Any
+    run_id: int
+    start_ns: int
+    finished: bool = False
+
+
+@dataclass
+class Wreck:
+    """What a dead worker's flight recorder held."""
+
+    pid: int
+    identity: dict[str, Any]
+    attempts: list[Attempt]
+    #: Resources and instrumentation scopes, by the numbers records refer to them with.
+    objects: list[tuple]
+    spans: RingContents
+    logs: RingContents
+    #: Records the worker had queued but not exported, decoded: (numbers, values).
+    unexported_spans: list[tuple] = field(default_factory=list)
+    unexported_logs: list[tuple] = field(default_factory=list)
+
+    def last_logs(self, count: int) -> list[tuple]:
+        """The worker's last ``count`` log records, exported or not: (numbers, values)."""
+        records = self.logs.records[-count:] if count else []
+        return self.logs.decoded(records[0][0]) if records else []
+
+
+def read(path: Path) -> Wreck | None:
+    """The contents of the flight recorder at ``path``, or None if it is not one."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    if len(data) < HEADER_SIZE + META_SIZE:
+        return None
+    magic, pid, slots, slot_size, meta_size = _HEADER.unpack_from(data, 0)
+    if magic != MAGIC:
+        return None
+    (length,) = _LENGTH.unpack_from(data, HEADER_SIZE)
+    meta = marshal.loads(data[HEADER_SIZE + 4 : HEADER_SIZE + 4 + length]) if length else {}
+    attempts = []
+    for slot in range(slots):
+        start = HEADER_SIZE + meta_size + slot * slot_size
+        state, length = _SLOT.unpack_from(data, start)
+        if state in (EXECUTING, FINISHED):
+            values = marshal.loads(data[start + _SLOT.size : start + _SLOT.size + length])
+            attempts.append(Attempt(*values, finished=state == FINISHED))
+    spans, logs = (read_ring(data, block) for block in _RING_BLOCKS)
+    wreck = Wreck(pid, meta.get("identity", {}), attempts, meta.get("objects", []), spans, logs)
+    wreck.unexported_spans = spans.unexported()
+    wreck.unexported_logs = logs.unexported()
+    return wreck
+
+
+def recorders(folder: Path) -> Iterator[tuple[int, Path]]:
+    """(pid, path) of every flight recorder in ``folder``."""
+    with contextlib.suppress(OSError):
+        for path in folder.iterdir():
+            if path.suffix == SUFFIX and path.stem.isdigit():
+                yield int(path.stem), path
+
+
+def open_for(worker: Any, size: int) -> FlightRecorder | None:
+    """A flight recorder for ``worker`` if its Nanny runs dask-otel (it made the directory),
+    copying this process's export queues; None otherwise."""
+    nanny = getattr(worker, "nanny", None)
+    if not size or not isinstance(nanny, str):
+        return None
+    folder = directory(nanny)
+    if not folder.is_dir():
+        return None
+    from dask_otel import sdk
+
+    slots = max(SLOTS, 2 * worker.state.nthreads)
+    try:
+        recorder = FlightRecorder(folder / f"{os.getpid()}{SUFFIX}", size, slots)
+    except (OSError, ValueError) as e:
+        logger.warning("dask-otel: no flight recorder for this worker: %r", e)
+        return None
+    recorder.identify(
+        **{"dask.worker.address": worker.address, "dask.worker.name": str(worker.name)}
+    )
+    sdk.mirror(recorder)
+    return recorder
+
+
+def close(recorder: FlightRecorder) -> None:
+    """The worker closed normally: stop copying, and delete its recorder."""
+    from dask_otel import sdk
+
+    sdk.mirror(None)
+    recorder.close()

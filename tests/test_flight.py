@@ -1,0 +1,171 @@
+"""The flight recorder: what a process queued for export survives its SIGKILL, and only
+that (what it exported, or its full queue dropped, is not sent again)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from dask_otel import flight, sdk, telemetry
+from dask_otel.metrics import _disabled
+
+#: A process that configures the SDK as a dask-otel worker does (exports held for a
+#: minute), copies its queues to a flight recorder, makes spans and log records, and
+#: kills itself with SIGKILL. argv: recorder path, spans, spans to flush first, logs.
+CHILD = textwrap.dedent(
+    """
+    import logging, os, signal, sys
+    from pathlib import Path
+    from opentelemetry import trace
+    from dask_otel import flight, logs, sdk, telemetry
+
+    path, spans, flushed, records = sys.argv[1], *map(int, sys.argv[2:])
+    assert sdk.configure("worker")
+    recorder = flight.FlightRecorder(Path(path), 1 << 20, 16)
+    recorder.identify(**{"dask.worker.address": "tcp://worker:1"})
+    assert sdk.mirror(recorder) == {"traces", "logs"}
+    slot = recorder.started("running-1", "running", "00-" + "1" * 32 + "-" + "2" * 16 + "-01", 7, 1)
+    done = recorder.started("done-1", "done", None, 8, 2)
+    recorder.ended(done)
+    providers = telemetry.current()
+    logs.install(providers.logger_provider, ("child",), logging.INFO)
+    tracer = trace.get_tracer("child")
+    for i in range(spans):
+        with tracer.start_as_current_span(f"span {i}", attributes={"i": i}):
+            pass
+        if i + 1 == flushed:
+            trace.get_tracer_provider().force_flush()
+    for i in range(records):
+        logging.getLogger("child").warning("record %d", i)
+    # What the span queue holds as the process dies: the export thread pops under this
+    # lock, and finishes counting an export before it lets go.
+    batch = sdk._queues[0]._batch_processor
+    batch._export_lock.acquire()
+    queued = [values[0] for values in reversed(batch._queue)]
+    print("QUEUED", *queued, sep="|", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+def run_child(tmp_path, spans=0, flushed=0, records=0, **env):
+    path = tmp_path / "1.flight"
+    environ = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
+        "OTEL_TRACES_EXPORTER": "console",
+        "OTEL_LOGS_EXPORTER": "console",
+        "OTEL_METRICS_EXPORTER": "none",
+        "OTEL_BSP_SCHEDULE_DELAY": "60000",
+        "OTEL_BLRP_SCHEDULE_DELAY": "60000",
+        **env,
+    }
+    args = [sys.executable, "-c", CHILD, str(path), str(spans), str(flushed), str(records)]
+    out = subprocess.run(args, env=environ, capture_output=True, text=True, timeout=60)
+    assert out.returncode == -signal.SIGKILL, out.stderr
+    (line,) = [line for line in out.stderr.splitlines() if line.startswith("QUEUED")]
+    exported = re.findall(r'"name": "(span \d+)"', out.stdout)  # the console exporter's
+    return flight.read(path), line.split("|")[1:], exported
+
+
+def recovered(wreck):
+    """What ``sdk.recover`` hands to this process's providers, exported in memory."""
+    spans, records = InMemorySpanExporter(), InMemoryLogRecordExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+    logger_provider = LoggerProvider()
+    logger_provider.add_log_record_processor(SimpleLogRecordProcessor(records))
+    providers = telemetry.Providers(tracer_provider, _disabled, logger_provider)
+    handed = sdk.recover(providers, wreck.objects, wreck.unexported_spans, wreck.unexported_logs)
+    return handed, spans.get_finished_spans(), [r.log_record for r in records.get_finished_logs()]
+
+
+def test_queued_spans_and_records_survive_sigkill(tmp_path):
+    wreck, queued, exported = run_child(tmp_path, spans=100, records=10)
+    assert queued == [f"span {i}" for i in range(100)] and not exported
+    assert wreck.identity == {"dask.worker.address": "tcp://worker:1"}
+    handed, spans, records = recovered(wreck)
+    assert handed == 100 + len(records)
+    assert [s.name for s in spans] == [f"span {i}" for i in range(100)]
+    assert spans[42].attributes == {"i": 42}
+    assert {s.resource.attributes["service.name"] for s in spans} == {"dask-worker"}
+    assert spans[0].instrumentation_scope.name == "child"
+    mine = [r for r in records if str(r.body).startswith("record ")]
+    assert [r.body for r in mine] == [f"record {i}" for i in range(10)]
+    assert wreck.spans.lost() == wreck.logs.lost() == 0
+    # The attempts: one executing, one finished whose span was never built.
+    running, done = sorted(wreck.attempts, key=lambda a: a.key, reverse=True)
+    assert (running.key, running.prefix, running.run_id, running.finished) == (
+        "running-1",
+        "running",
+        7,
+        False,
+    )
+    assert running.annotation.startswith("00-1111")
+    assert (done.key, done.finished) == ("done-1", True)
+
+
+def test_what_was_exported_is_not_sent_again(tmp_path):
+    wreck, queued, exported = run_child(tmp_path, spans=100, flushed=60)
+    _, spans, _ = recovered(wreck)
+    assert exported == [f"span {i}" for i in range(60)]
+    assert [s.name for s in spans] == queued == [f"span {i}" for i in range(60, 100)]
+
+
+def test_a_full_queue_neither_loses_nor_repeats(tmp_path):
+    """A full queue drops its oldest spans: those newer than the last one exported are
+    sent by the Nanny too (they were lost otherwise); none exported is sent again."""
+    wreck, queued, exported = run_child(
+        tmp_path, spans=30, OTEL_BSP_MAX_QUEUE_SIZE="10", OTEL_BSP_MAX_EXPORT_BATCH_SIZE="10"
+    )
+    _, spans, _ = recovered(wreck)
+    sent = [s.name for s in spans]
+    assert sent[len(sent) - len(queued) :] == queued and not set(sent) & set(exported)
+    newest = max((int(name.split()[1]) for name in exported), default=-1)
+    assert sent == [f"span {i}" for i in range(newest + 1, 30)]
+
+
+def test_a_recorder_too_small_says_what_it_lost(tmp_path):
+    batch = {"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "65536"}  # nothing exported: all queued
+    wreck, queued, _ = run_child(tmp_path, spans=20_000, **batch)
+    _, spans, _ = recovered(wreck)
+    assert [s.name for s in spans] == queued[len(queued) - len(spans) :]
+    assert spans[-1].name == "span 19999"
+    assert wreck.spans.lost() == len(queued) - len(spans) > 0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_ring_keeps_the_newest_records(seed):
+    rng = random.Random(seed)
+    size = rng.randint(64, 4000)
+    buffer = mmap.mmap(-1, 64 + size)
+    ring = flight.Ring(buffer, 0, 64, size)
+    written = []
+    for i in range(rng.randint(0, 500)):
+        payload = bytes([i % 256]) * rng.randint(0, size // 3)
+        ring.append(payload)
+        written.append(payload)
+    contents = flight.read_ring(buffer, 0)
+    kept = [payload for _, _, payload in contents.records]
+    assert kept == written[len(written) - len(kept) :]
+    assert [number for number, _, _ in contents.records] == list(
+        range(len(written) - len(kept), len(written))
+    )
+    assert sum(len(p) + 16 for p in kept) <= size
+    # A record is forgotten only to make room: with the one before them (and padding
+    # at the end of the ring, less than a record), the kept ones would not fit.
+    if len(kept) < len(written):
+        largest = max(len(p) + 16 for p in written)
+        assert sum(len(p) + 16 for p in written[len(written) - len(kept) - 1 :]) + largest > size

@@ -1,0 +1,254 @@
+"""The KilledWorker post-mortem, end to end: the telemetry alone says which task, which
+workers, when, why each died, what it ran, its memory before and its last log lines.
+
+Real processes under ``opentelemetry-instrument``: a scheduler and two ``dask worker``
+processes (each a Nanny and its worker) at ``--memory-limit 400MB``, exporting over OTLP
+to a receiver on 127.0.0.1, and to OTLP JSON files for ``dask-otel summarize``.
+tests/scripts/post_mortem.py runs a task that allocates until the Nanny kills its
+worker, twice (KilledWorker), then SIGKILLs a worker process in the middle of a task.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import itertools
+import os
+import signal
+import time
+from pathlib import Path
+
+import dask
+import pytest
+from conftest import (
+    Telemetry,
+    flush_emitters,
+    in_process_cluster,
+    otel_env,
+    start_scheduler,
+    start_worker,
+)
+from distributed.scheduler import KilledWorker
+from opentelemetry.trace import StatusCode
+from test_e2e_opentelemetry_instrument import run_client
+
+import dask_otel
+from dask_otel import emitter
+from dask_otel.summary import render, summarize
+
+MEMORY_LIMIT = 400_000_000
+#: Quick tasks each worker runs before a death: their spans wait in its export queue.
+TICKS = 30
+
+
+def died(rx, cause):
+    return [
+        r
+        for r in rx.log_records()
+        if r["event_name"] == "dask.worker.died"
+        and r["attributes"]["dask.worker.death.cause"] == cause
+    ]
+
+
+@pytest.mark.timeout(300)
+def test_killed_worker_post_mortem(receiver, processes):
+    files = processes.tmp_path / "otlp"
+    exporters = {f"OTEL_{s}_EXPORTER": "otlp,otlp_json_file" for s in ("TRACES", "LOGS")}
+    env = otel_env(
+        receiver,
+        DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES="1",
+        DASK_OTEL_FILE_EXPORT_DIR=str(files),
+        **exporters,
+    )
+    # Nannies and their workers hold spans and log records for a minute: what a worker
+    # queued before it died arrives only if its Nanny sends it.
+    held = {**env, "OTEL_BSP_SCHEDULE_DELAY": "60000", "OTEL_BLRP_SCHEDULE_DELAY": "60000"}
+    address = start_scheduler(processes, env)
+    nannies = [
+        start_worker(processes, held, address, f"w{i}", options=("--memory-limit", "400MB"))
+        for i in range(2)
+    ]
+    observed, _ = run_client(processes, env, address, script="post_mortem.py")
+    for nanny in nannies:  # a graceful stop: each Nanny sends what it holds
+        assert processes.stop(nanny) == 0
+
+    (task,) = receiver.wait_for(lambda r: r.spans(name="task hog"))
+    assert "KilledWorker" in task["status_message"] or task["status_code"] == 2
+    killed_on = next(e for e in task["events"] if e["name"] == "exception")["attributes"][
+        "dask.task.workers"
+    ]
+    assert sorted(killed_on) == observed["hog_workers"]
+    cluster = task["attributes"]["dask.cluster.id"]
+
+    # Why each worker died: its Nanny's memory monitor, with the reading and the limit.
+    memory = receiver.wait_for(lambda r: len(died(r, "memory")) == 2 and died(r, "memory"))
+    assert sorted(r["attributes"]["dask.worker.address"] for r in memory) == sorted(killed_on)
+    for record in memory:
+        a = record["attributes"]
+        assert record["resource"]["service.name"] == "dask-nanny"
+        assert a["dask.cluster.id"] == cluster
+        assert a["dask.nanny.address"].startswith("tcp://127.0.0.1:")
+        assert a["dask.worker.death.signal"] == "SIGTERM"
+        assert a["dask.worker.memory.limit"] == MEMORY_LIMIT
+        assert a["dask.worker.memory.rss_at_kill"] > 0.95 * MEMORY_LIMIT
+        assert task["start_ns"] < record["time_ns"] <= task["end_ns"] + 5e9
+        # What it was running, in which computation.
+        assert a["dask.task.keys"] == ["hog-0"]
+        assert a["dask.trace_ids"] == [task["trace_id"]]
+        # Its memory in the seconds before: the climb, one reading per monitor interval.
+        history, times = a["dask.worker.memory.history"], a["dask.worker.memory.history_times"]
+        assert len(history) == len(times) >= 10
+        assert max(history) > 0.9 * MEMORY_LIMIT and min(history) < 0.5 * MEMORY_LIMIT
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        assert all(gap > 0 for gap in gaps) and sorted(gaps)[len(gaps) // 2] < 0.5e9
+        # Its last log lines: the task's own, and the worker pausing on memory.
+        lines = "\n".join(a["dask.worker.last_logs"])
+        assert "hog: allocating" in lines and "Pausing worker" in lines
+        assert "died: terminated by its Nanny" in record["body"]
+
+    # A worker process killed with SIGKILL in the middle of a task.
+    (sigkill,) = receiver.wait_for(lambda r: died(r, "signal"))
+    a = sigkill["attributes"]
+    assert a["dask.worker.death.signal"] == "SIGKILL"
+    assert a["process.pid"] == observed["sigkill_pid"]
+    assert a["dask.worker.address"] == observed["sigkill_worker"]
+    assert a["dask.task.keys"] == ["sleeper-0"]
+    assert "sleeper: started" in "\n".join(a["dask.worker.last_logs"])
+    (sleeper_task,) = receiver.spans(name="task sleeper")
+    assert a["dask.trace_ids"] == [sleeper_task["trace_id"]]
+
+    # Each lost attempt: a `died <prefix>` span in the task's trace, and a record in it.
+    lost = [s for s in receiver.spans() if s["name"] in ("died hog", "died sleeper")]
+    assert sorted(s["attributes"]["dask.task.key"] for s in lost) == [
+        "hog-0",
+        "hog-0",
+        "sleeper-0",
+    ]
+    spans = {(s["trace_id"], s["span_id"]) for s in receiver.spans()}
+    for span in lost:
+        assert span["status_code"] == 2 and span["resource"]["service.name"] == "dask-nanny"
+        assert (span["trace_id"], span["parent_span_id"]) in spans
+    records = [r for r in receiver.log_records() if r["event_name"] == "dask.task.lost"]
+    assert {(r["trace_id"], r["span_id"]) for r in records} == {
+        (s["trace_id"], s["span_id"]) for s in lost
+    }
+
+    # Nothing the dead workers recorded is lost: their queued spans and log records
+    # (held a minute) were sent by their Nannies, under the workers' own resources.
+    # A worker killed within moments of finishing tasks may not have built their spans
+    # yet: its recorder names them, so that none is lost silently.
+    unreported = [k for k in a.get("dask.task.unreported", ()) if k.startswith("tick-")]
+    print(f"SIGKILL: {len(unreported)} tick attempts finished but not reported")
+    ticks = receiver.wait_for(
+        lambda r: (
+            len(r.spans(name="execute tick")) + len(unreported) == 3 * TICKS
+            and r.spans(name="execute tick")
+        )
+    )
+    assert {s["resource"]["service.name"] for s in ticks} == {"dask-worker"}
+    for record in [*memory, sigkill]:
+        recovered = record["attributes"]["dask_otel.recovered.spans"]
+        assert recovered + len(record["attributes"].get("dask.task.unreported", ())) >= TICKS
+    # The tasks' own log records: each hog attempt's, and both sleeper attempts'.
+    user = [r for r in receiver.log_records() if str(r["body"]).startswith(("hog:", "sleeper:"))]
+    assert len(user) == 4 and {r["resource"]["service.name"] for r in user} == {"dask-worker"}
+
+    # The Nanny's own records: the memory kill and the signal, naming the worker.
+    nanny_records = [r for r in receiver.log_records() if r["scope"] == "distributed.nanny.memory"]
+    assert any("exceeded 95% memory budget" in str(r["body"]) for r in nanny_records)
+    signalled = [r for r in receiver.log_records() if "was killed by signal 9" in str(r["body"])]
+    assert signalled[0]["attributes"]["dask.worker.address"] == observed["sigkill_worker"]
+
+    # The worker's memory as a metric: one histogram point per export, its max the peak.
+    points = receiver.wait_for(lambda r: r.metrics("dask.nanny.worker.memory"))
+    assert max(p["value"]["max"] for p in points) > 0.9 * MEMORY_LIMIT
+
+    # dask-otel summarize, from the OTLP JSON files alone.
+    text = io.StringIO()
+    render(summarize(files), text)
+    section = text.getvalue().split("Workers that died (3):\n", 1)[1]
+    for address in killed_on:
+        assert address in section
+    assert section.count("memory: terminated by its Nanny") == 2
+    assert "SIGKILL" in section and "sleeper-0" in section and "hog-0" in section
+    assert task["trace_id"] in section and "hog: allocating" in section
+
+
+def exit_3(x: int) -> int:
+    os._exit(3)
+
+
+def segfault(x: int) -> int:
+    ctypes.string_at(0)  # reads address 0: SIGSEGV
+    return x
+
+
+@pytest.mark.parametrize(
+    ("task", "cause", "how"),
+    [
+        (exit_3, "exit", ("process.exit.code", 3)),
+        (segfault, "crash", ("dask.worker.death.signal", "SIGSEGV")),
+    ],
+)
+def test_nanny_in_this_process_explains_each_death(telemetry, monkeypatch, task, cause, how):
+    """A ``LocalCluster``'s Nannies run in the client's process, with its providers."""
+    for name in ("TRACES", "METRICS", "LOGS"):  # worker processes export nowhere
+        monkeypatch.setenv(f"OTEL_{name}_EXPORTER", "none")
+    with (
+        dask.config.set({"distributed.scheduler.allowed-failures": 1}),
+        in_process_cluster(processes=True, host="127.0.0.1") as client,
+    ):
+        key = f"{task.__name__}-1"
+        with pytest.raises(KilledWorker):
+            client.submit(task, 1, key=key).result(timeout=120)
+        flush_emitters(client)
+
+    deaths = [r for r in telemetry.logs() if r.event_name == "dask.worker.died"]
+    assert len(deaths) == 2
+    for death in deaths:
+        attributes = death.attributes
+        assert attributes["dask.worker.death.cause"] == cause
+        assert attributes[how[0]] == how[1]
+        assert attributes["dask.task.keys"] == (key,)
+    (span,) = telemetry.spans(f"task {task.__name__}")
+    died = telemetry.spans(f"died {task.__name__}")
+    assert len(died) == 2 and {s.parent.span_id for s in died} == {span.context.span_id}
+    assert all(s.status.status_code is StatusCode.ERROR for s in died)
+
+
+def sleep_then_return(marker: str) -> str:
+    Path(marker).touch()
+    time.sleep(5)
+    return "done"
+
+
+def test_instrumenting_a_running_cluster_reaches_its_nannies(tmp_path, monkeypatch):
+    """``instrument(client)`` on a cluster already running: its Nannies get the plugin,
+    and their workers (which get theirs after) a flight recorder."""
+    for name in ("TRACES", "METRICS", "LOGS"):  # worker processes export nowhere
+        monkeypatch.setenv(f"OTEL_{name}_EXPORTER", "none")
+    t = Telemetry()
+    providers = {
+        "tracer_provider": t.tracer_provider,
+        "meter_provider": t.meter_provider,
+        "logger_provider": t.logger_provider,
+    }
+    with in_process_cluster(processes=True, host="127.0.0.1") as client:
+        dask_otel.instrument(client, **providers)
+        try:
+            marker = tmp_path / "started"
+            future = client.submit(sleep_then_return, str(marker), key="sleep-1")
+            while not marker.exists():
+                time.sleep(0.05)
+            (worker,) = [w for w, keys in client.processing().items() if "sleep-1" in keys]
+            pid = client.run(os.getpid, workers=[worker])[worker]
+            os.kill(pid, signal.SIGKILL)
+            assert future.result(timeout=60) == "done"
+            assert emitter.shared().flush(10)
+        finally:
+            dask_otel.uninstrument(client)
+    (death,) = [r for r in t.logs() if r.event_name == "dask.worker.died"]
+    assert death.attributes["dask.worker.death.signal"] == "SIGKILL"
+    assert death.attributes["process.pid"] == pid
+    assert death.attributes["dask.worker.address"] == worker
+    assert death.attributes["dask.task.keys"] == ("sleep-1",)
