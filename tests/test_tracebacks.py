@@ -20,7 +20,7 @@ import dask_otel
 
 pytestmark = pytest.mark.skipif(
     sys.version_info < (3, 11),
-    reason="Python 3.10 re-adds a re-raising frame to the traceback (README: Failures)",
+    reason="Python 3.10 re-adds a re-raising frame to the traceback (docs/design-notes.md)",
 )
 
 
