@@ -10,8 +10,15 @@ to ``counting_receiver.py``), every task traced, with the flight recorder on and
 (``otel.nanny.flight-recorder: 0``) in interleaved rounds; the ratios on/off of wall time
 and of the worker processes' CPU time, median with min-max.
 
+What survives (``--survival``): tests/scripts/post_mortem.py's scenario on real
+processes (a scheduler, two ``dask worker`` processes at ``--memory-limit 400MB`` whose
+exports wait a minute, so that nothing leaves a worker except through its Nanny; a task
+killed twice by the memory monitor, then a worker SIGKILLed mid-task), with the flight
+recorder on and off: what reached the collector of what the dead workers recorded.
+
     python benchmarks/flight.py --micro --rounds 7
     python benchmarks/flight.py --workload graph --tasks 4000 --rounds 7
+    python benchmarks/flight.py --survival
 """
 
 from __future__ import annotations
@@ -144,15 +151,70 @@ def workload(name: str, tasks: int, rounds: int) -> None:
     print(f"  worker CPU per task, on minus off: {_median(per_task)} us")
 
 
+def survival() -> None:
+    tests = Path(__file__).parent.parent / "tests"
+    sys.path.insert(0, str(tests))
+    import json
+    import subprocess
+
+    from conftest import Processes, bin_path, otel_env, start_scheduler, start_worker
+    from otlp_receiver import OTLPReceiver
+
+    script = tests / "scripts" / "post_mortem.py"
+    for size in ("4MiB", "0"):
+        with tempfile.TemporaryDirectory() as folder, OTLPReceiver() as rx:
+            processes = Processes(Path(folder))
+            env = otel_env(rx, DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES="1")
+            held = {**env, "OTEL_BSP_SCHEDULE_DELAY": "60000", "OTEL_BLRP_SCHEDULE_DELAY": "60000"}
+            held["DASK_OTEL__NANNY__FLIGHT_RECORDER"] = size
+            try:
+                address = start_scheduler(processes, env)
+                nannies = [
+                    start_worker(
+                        processes, held, address, f"w{i}", options=("--memory-limit", "400MB")
+                    )
+                    for i in range(2)
+                ]
+                out = subprocess.run(
+                    [bin_path("opentelemetry-instrument"), sys.executable, str(script), address],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=300,
+                    cwd=folder,
+                )
+                observed = json.loads(out.stdout.strip().splitlines()[-1])
+                for nanny in nannies:
+                    processes.stop(nanny)
+                time.sleep(2)
+            finally:
+                processes.stop_all()
+            died = [r for r in rx.log_records() if r["event_name"] == "dask.worker.died"]
+            workers = [s for s in rx.spans() if s["resource"]["service.name"] == "dask-worker"]
+            ticks = rx.spans(name="execute tick")
+            user = [r for r in rx.log_records() if str(r["body"]).startswith(("hog:", "sleeper:"))]
+            keys = sum(bool(r["attributes"].get("dask.task.keys")) for r in died)
+            lines = sum(bool(r["attributes"].get("dask.worker.last_logs")) for r in died)
+            print(
+                f"flight recorder {size}: {len(died)} death records ({keys} name the task "
+                f"executing, {lines} quote the last log lines); spans from workers "
+                f"{len(workers)}, of them execute tick {len(ticks)} of 90; the tasks' own log "
+                f"records {len(user)} of 4 ({observed['sleeper']})"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--micro", action="store_true", help="per-call costs only")
+    parser.add_argument("--survival", action="store_true", help="what survives, measured")
     parser.add_argument("--workload", default="graph", choices=("noop", "graph"))
     parser.add_argument("--tasks", type=int, default=4000)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--calls", type=int, default=50_000, help="calls per round (--micro)")
     args = parser.parse_args()
-    if args.micro:
+    if args.survival:
+        survival()
+    elif args.micro:
         micro(args.rounds, args.calls)
     else:
         workload(args.workload, args.tasks, args.rounds)
