@@ -204,8 +204,11 @@ class FlightRecorder:
             raise ValueError(f"a flight recorder of {size} bytes has no room for its rings")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            os.ftruncate(fd, size)
+            _allocate(fd, size)
             self.buffer = mmap.mmap(fd, size)
+        except OSError:
+            path.unlink()
+            raise
         finally:
             os.close(fd)
         self.slots = slots
@@ -316,6 +319,16 @@ class FlightRecorder:
         until nothing refers to it: a thread still ending a span writes into it unharmed."""
         with contextlib.suppress(OSError):
             self.path.unlink()
+
+
+def _allocate(fd: int, size: int) -> None:
+    """Give the file its blocks now: a store into a mapped page the file system then had
+    no room for (a full disk) would kill the process with SIGBUS. A full disk raises
+    OSError here instead, and the worker runs without a recorder."""
+    if hasattr(os, "posix_fallocate"):
+        os.posix_fallocate(fd, 0, size)
+    else:  # macOS, Windows
+        os.write(fd, bytes(size))
 
 
 def _resource(resource: Any) -> tuple:
