@@ -217,7 +217,7 @@ class WorkerWatch:
         self._wrap("kill", self._kill)
         self._wrap("instantiate", self._instantiate)
         self._wrap("_on_worker_exit_sync", self._on_exit)
-        if nanny.handlers.get("kill") is self._originals["kill"]:
+        if nanny.handlers.get("kill") == self._originals["kill"]:  # the scheduler's requests
             nanny.handlers["kill"] = nanny.kill
         if nanny.process is not None:  # registered while its worker runs
             nanny.process.on_exit = nanny._on_worker_exit_sync

@@ -216,9 +216,9 @@ def test_nanny_in_this_process_explains_each_death(telemetry, monkeypatch, task,
     assert all(s.status.status_code is StatusCode.ERROR for s in died)
 
 
-def sleep_then_return(marker: str) -> str:
+def sleep_then_return(marker: str, seconds: float = 5) -> str:
     Path(marker).touch()
-    time.sleep(5)
+    time.sleep(seconds)
     return "done"
 
 
@@ -252,3 +252,21 @@ def test_instrumenting_a_running_cluster_reaches_its_nannies(tmp_path, monkeypat
     assert death.attributes["process.pid"] == pid
     assert death.attributes["dask.worker.address"] == worker
     assert death.attributes["dask.task.keys"] == ("sleep-1",)
+
+
+def test_a_restart_is_not_a_death(tmp_path, telemetry, monkeypatch):
+    """``client.restart()`` asks each Nanny to kill its worker (Nanny.kill over RPC): a
+    worker that must be killed with SIGKILL because its task does not stop is no death."""
+    for name in ("TRACES", "METRICS", "LOGS"):  # worker processes export nowhere
+        monkeypatch.setenv(f"OTEL_{name}_EXPORTER", "none")
+    with in_process_cluster(n_workers=1, processes=True, host="127.0.0.1") as client:
+        marker = tmp_path / "started"
+        client.submit(sleep_then_return, str(marker), 30, key="sleep-1")
+        while not marker.exists():
+            time.sleep(0.05)
+        client.restart()
+        assert client.submit(len, "abc").result(timeout=60) == 3
+        assert emitter.shared().flush(10)
+    killed = [r for r in telemetry.logs() if "was killed by signal 9" in str(r.body)]
+    assert killed  # the Nanny had to kill it
+    assert not [r for r in telemetry.logs() if r.event_name == "dask.worker.died"]
