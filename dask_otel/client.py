@@ -56,7 +56,8 @@ def _submit_traced(
     """The submission in its ``compute`` span, whose context rides as the annotation."""
     token = context.attach(trace.set_span_in_context(span))
     try:
-        with dask.annotate(**{ids.ANNOTATION: ids.encode(span.get_span_context())}):
+        carrier = ids.Carrier(span.get_span_context(), from_client=True)
+        with dask.annotate(**{ids.ANNOTATION: carrier.encode()}):
             return wrapped(*args, **kwargs)
     except BaseException as e:
         errors.hide_frame(e)

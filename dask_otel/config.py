@@ -7,6 +7,7 @@ variables and ``dask.config.set({"otel.task.max-events": 32})``.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import pathlib
 from dataclasses import dataclass
@@ -22,6 +23,11 @@ with _DEFAULTS_PATH.open() as _f:
     dask.config.update_defaults(yaml.safe_load(_f))
 
 
+#: ``otel.scheduler.task-spans``: the scheduler's ``task`` spans for the tasks no worker
+#: finished (trace model v2), or for every task, as in v1 (~100 us of scheduler CPU each).
+SCHEDULER_TASK_SPANS = ("anomalies", "all")
+
+
 class ConfigError(ValueError):
     """An ``otel.*`` config value that dask-otel cannot use."""
 
@@ -33,6 +39,7 @@ class Settings:
     enabled: bool
     max_attribute_length: int
     task_spans: bool
+    scheduler_task_spans: str
     transfer_spans: bool
     spill_spans: bool
     rpc_spans: bool
@@ -116,6 +123,15 @@ def _bytes(key: str, minimum: int) -> int:
     return size
 
 
+def _choice(key: str, choices: tuple[str, ...]) -> str:
+    value = _get(key)
+    if value in choices:
+        return value  # type: ignore[return-value]
+    close = difflib.get_close_matches(str(value), choices, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ConfigError(f"otel.{key} must be one of {', '.join(choices)}, got {value!r}{hint}")
+
+
 def _level(key: str) -> int:
     value = _get(key)
     level = logging.getLevelName(str(value).upper()) if isinstance(value, str) else value
@@ -139,6 +155,7 @@ def load_settings() -> Settings:
         enabled=_bool("enabled"),
         max_attribute_length=_count("max-attribute-length", 16),
         task_spans=_bool("spans.tasks"),
+        scheduler_task_spans=_choice("scheduler.task-spans", SCHEDULER_TASK_SPANS),
         transfer_spans=_bool("spans.transfers"),
         spill_spans=_bool("spans.spill"),
         rpc_spans=_bool("spans.rpc"),

@@ -66,12 +66,15 @@ class DeferredSpan(trace.Span):
             parent = self._parent
             context = self._context = trace.SpanContext(
                 parent.trace_id,
-                random.getrandbits(64) or 1,  # as the SDK's RandomIdGenerator draws them
+                self._new_span_id(),
                 is_remote=False,
                 trace_flags=parent.trace_flags,
                 trace_state=parent.trace_state,
             )
         return context
+
+    def _new_span_id(self) -> int:
+        return random.getrandbits(64) or 1  # as the SDK's RandomIdGenerator draws them
 
     def is_recording(self) -> bool:
         return True
@@ -123,6 +126,22 @@ class DeferredSpan(trace.Span):
         return f"DeferredSpan({self.get_span_context()!r})"
 
 
+class TaskAttemptSpan(DeferredSpan):
+    """The span current while a task attempt runs: its id is the task's span id in the
+    attempt's generation (:meth:`dask_otel.ids.Carrier.span_id`), computed when first
+    asked, so that the span can be emitted as the ``task`` span or as an ``attempt``."""
+
+    __slots__ = ("_carrier", "_key")
+
+    def __init__(self, carrier: ids.Carrier, key: Any) -> None:
+        super().__init__(carrier.context)
+        self._carrier = carrier
+        self._key = key
+
+    def _new_span_id(self) -> int:
+        return self._carrier.span_id(ids.key_to_str(self._key))
+
+
 class EndedSpans:
     """Spans of work that is over by the time they are built (a task attempt run, data
     sent to or fetched from a peer, a key spilled or read back, a request answered): the
@@ -146,32 +165,37 @@ class EndedSpans:
     def build(
         self,
         name: str,
-        parent: trace.SpanContext | tuple[trace.SpanContext, str],
+        parent: trace.SpanContext | ids.TaskRef,
         kind: trace.SpanKind,
         times: tuple[int, int],
         attributes: dict[str, Any],
         error: errors.Failure | None,
-        links: list[tuple[trace.SpanContext, str]] | None = None,
+        links: list[ids.TaskRef] | list[trace.Link] | None = None,
         deferred: DeferredSpan | None = None,
         final: dict[str, Any] | None = None,
+        span_id: int | None = None,
     ) -> None:
         """A span ``name`` from ``times`` (start, end) under ``parent``: a span's context
-        (invalid: a root), or (carrier, key) of a task whose ``task`` span is the parent.
-        ``error`` makes it an ERROR span with its ``exception``. ``links``: (carrier, key)
-        of other tasks' ``task`` spans it served.
-        ``deferred``: the span that was current meanwhile, whose id and recorded calls it
-        takes. ``final``: attributes set after those calls, so user code cannot change
-        them."""
+        (invalid: a root), or a task whose span is the parent. ``error`` makes it an ERROR
+        span with its ``exception``. ``links``: other tasks' spans it served, or links.
+        ``deferred``: the span that was current meanwhile, whose id (unless ``span_id`` is
+        given) and recorded calls it takes. ``final``: attributes set after those calls, so
+        user code cannot change them."""
+        if span_id is None and deferred is not None:
+            span_id = deferred.get_span_context().span_id
         span = self._ids.start_span(
-            deferred.get_span_context().span_id if deferred is not None else None,
+            span_id,
             name,
             context=trace.set_span_in_context(trace.NonRecordingSpan(parent))
             if isinstance(parent, trace.SpanContext)
-            else ids.task_context(*parent),
+            else ids.task_context(parent),
             kind=kind,
             start_time=times[0],
             attributes=attributes,
-            links=[ids.task_link(c, k, "served") for c, k in links or ()],
+            links=[
+                link if isinstance(link, trace.Link) else ids.task_link(link, "served")
+                for link in links or ()
+            ],
         )
         if deferred is not None:
             deferred.replay(span)

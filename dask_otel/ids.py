@@ -14,7 +14,7 @@ import functools
 import hashlib
 import logging
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -22,9 +22,13 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 #: Name of the task annotation that carries the trace context.
 ANNOTATION = "otel"
-#: Appended to the (unsampled) carrier of a task whose spans the scheduler thinned out of
-#: a sampled trace: its worker still reports it if it fails or is slow.
+#: Options appended to the ``traceparent`` in a task's annotation (see :class:`Carrier`).
 THINNED = ";thinned"
+_GENERATION = ";g="
+_PARTIAL = ";partial"
+_SCHEDULER_SPANS = ";scheduler-spans"
+_LINKS = ";links="
+_FROM_CLIENT = ";client"
 
 _propagator = TraceContextTextMapPropagator()
 logger = logging.getLogger(__name__)
@@ -42,19 +46,40 @@ def cap(text: str, limit: int) -> str:
     return text[: limit - 1] + "\u2026" if limit > 0 else ""
 
 
-def task_span_id(carrier: trace.SpanContext, key: str) -> int:
-    """Span id of the ``task`` span for ``key`` under the task's ``carrier`` (never 0).
+def task_span_id(carrier: trace.SpanContext, key: str, generation: int = 0) -> int:
+    """Span id of the ``task`` span for ``key`` in ``generation`` under ``carrier`` (never 0).
 
-    The carrier is the context in the task's annotation (the submitting client's span,
-    or the scheduler's ``graph`` span): a key computed again by a later submission in
-    the same trace gets a new id.
+    The carrier is the context in the task's annotation (the scheduler's ``graph`` span):
+    a key computed again by a later submission in the same trace gets a new id. The
+    generation is 0 until an attempt ends without a result (see :class:`Carrier`); the
+    attempt that runs in generation ``g`` is current in its thread with this id, and is
+    emitted with it: as the ``task`` span if it produced the result, as an ``attempt``
+    span under generation ``g + 1``'s span if it did not.
     """
+    text = key if not generation else f"{key}\x00{generation}"
     digest = hashlib.blake2b(
-        key.encode("utf-8", "surrogatepass"),
+        text.encode("utf-8", "surrogatepass"),
         digest_size=8,
         key=carrier.trace_id.to_bytes(16, "big") + carrier.span_id.to_bytes(8, "big"),
     ).digest()
     return int.from_bytes(digest, "big") or 1
+
+
+def attempt_span_id(annotation: object, key: Any) -> tuple[int, int] | None:
+    """(trace id, span id) of the attempt at ``key`` that runs with ``annotation`` (the
+    task's ``otel`` annotation when the attempt started), or None if it is not traced.
+
+    Any process that saw the annotation can name the attempt: the worker running it (its
+    current span), the scheduler reporting it lost with its worker, a Nanny recording why
+    that worker died. Only the worker (if it finished the attempt) or the scheduler (if
+    the worker died) emits a span with it.
+    """
+    carrier = parse(annotation)
+    if carrier is None:
+        return None
+    return carrier.context.trace_id, task_span_id(
+        carrier.context, key_to_str(key), carrier.generation
+    )
 
 
 def keep_task(carrier: trace.SpanContext, key: str, ratio: float) -> bool:
@@ -82,13 +107,6 @@ def with_sampled(span_context: trace.SpanContext, sampled: bool) -> trace.SpanCo
     )
 
 
-def task_link(carrier: trace.SpanContext, key: str, relation: str) -> trace.Link:
-    """A link to the ``task`` span of ``key`` (``dask.link`` says how it relates)."""
-    span_id = task_span_id(carrier, key)
-    context = trace.SpanContext(carrier.trace_id, span_id, False, carrier.trace_flags)
-    return trace.Link(context, {"dask.link": relation})
-
-
 def encode(span_context: trace.SpanContext) -> str:
     """The ``traceparent`` header value for ``span_context``."""
     return (
@@ -98,47 +116,149 @@ def encode(span_context: trace.SpanContext) -> str:
 
 
 def decode(value: object) -> trace.SpanContext | None:
-    """Parse a ``traceparent`` from an annotation; None for anything else (never raises)."""
-    return _decode_traceparent(value) if isinstance(value, str) else None
+    """The trace context of an annotation; None for anything else (never raises)."""
+    carrier = parse(value)
+    return carrier.context if carrier is not None else None
 
 
-def thinned(value: object) -> bool:
-    """Whether an annotation marks a task thinned out of a sampled trace."""
-    return isinstance(value, str) and value.endswith(THINNED)
+class Carrier(NamedTuple):
+    """A task's ``otel`` annotation, parsed: what every process that touches the task
+    needs to name its spans, written by the scheduler (``encode``) and shipped by Dask.
+
+    Text form: ``<traceparent>[;g=N][;thinned][;partial][;scheduler-spans][;client]``
+    ``[;links=<trace>-<span>,...]``.
+    """
+
+    #: The ``graph`` span (or, for a client's own annotation, the submitting span); its
+    #: sampled flag says whether the task is traced.
+    context: trace.SpanContext
+    #: Attempts that ended without a result so far (a failure, a reschedule, a worker
+    #: lost, a cancellation) and results lost since: every one moves the task to a new
+    #: span id, so no id is emitted twice.
+    generation: int = 0
+    #: Thinned out of a sampled trace: its worker reports it only if slow or failed.
+    thinned: bool = False
+    #: The graph is thinned: a dependency may have no span to link to.
+    partial: bool = False
+    #: ``otel.scheduler.task-spans: all``: the scheduler emits every ``task`` span, the
+    #: worker an ``execute`` span under it per attempt (trace model v1).
+    scheduler_spans: bool = False
+    #: Span contexts of the dependencies' task spans, when the scheduler named them
+    #: (dependencies from other graphs); None: the worker derives them from the keys.
+    links: tuple[trace.SpanContext, ...] | None = None
+    #: Written by the submitting client, and no dask-otel scheduler replaced it: no one
+    #: moves the task to new generations, so its worker gives each attempt an id of its own.
+    from_client: bool = False
+
+    def span_id(self, key: str) -> int:
+        """This generation's span id for ``key``."""
+        return task_span_id(self.context, key, self.generation)
+
+    def next_span_id(self, key: str) -> int:
+        """The span id of the generation after this one: the parent of this attempt's
+        span if it ends without a result."""
+        return task_span_id(self.context, key, self.generation + 1)
+
+    def encode(self) -> str:
+        parts = [encode(self.context)]
+        if self.generation:
+            parts.append(f"{_GENERATION}{self.generation}")
+        if self.thinned:
+            parts.append(THINNED)
+        if self.partial:
+            parts.append(_PARTIAL)
+        if self.scheduler_spans:
+            parts.append(_SCHEDULER_SPANS)
+        if self.from_client:
+            parts.append(_FROM_CLIENT)
+        if self.links is not None:
+            parts.append(
+                _LINKS + ",".join(f"{c.trace_id:032x}-{c.span_id:016x}" for c in self.links)
+            )
+        return "".join(parts)
 
 
 #: Carriers parsed and kept: every task of a graph carries the same one, so this is the
 #: number of graphs (sampled and thinned variants apart) a process can work on at once
-#: without parsing again. Each entry holds ~0.3 kB until evicted.
+#: without parsing again. Each entry holds ~0.5 kB until evicted.
 DECODED_CARRIERS = 64
 
 
+def parse(value: object) -> Carrier | None:
+    """The :class:`Carrier` of an annotation; None for anything else (never raises: a
+    user's own ``otel`` annotation can be of any type)."""
+    return _parse(value) if type(value) is str else None
+
+
 @functools.lru_cache(maxsize=DECODED_CARRIERS)
-def _decode_traceparent(value: str) -> trace.SpanContext | None:
+def _parse(value: str) -> Carrier | None:
+    traceparent, *options = value.split(";")
     span_context = trace.get_current_span(
-        _propagator.extract({"traceparent": value.removesuffix(THINNED)})
+        _propagator.extract({"traceparent": traceparent})
     ).get_span_context()
-    return span_context if span_context.is_valid else None
-
-
-def traced_task(annotations: dict | None, key: Any) -> tuple[trace.SpanContext, str] | None:
-    """(carrier, key text) of a task whose spans are recorded (from a worker's
-    ``TaskState.annotations``), else None."""
-    carrier = decode(annotations.get(ANNOTATION)) if annotations else None
-    if carrier is None or not carrier.trace_flags.sampled:
+    if not span_context.is_valid:
         return None
-    return carrier, key_to_str(key)
+    fields: dict[str, Any] = {}
+    for option in options:
+        name, _, argument = option.partition("=")
+        if name == "g" and argument.isdigit():
+            fields["generation"] = int(argument)
+        elif name in ("thinned", "partial", "scheduler-spans"):
+            fields[name.replace("-", "_")] = True
+        elif name == "client":
+            fields["from_client"] = True
+        elif name == "links":
+            flags = span_context.trace_flags
+            try:
+                fields["links"] = tuple(_link(link, flags) for link in argument.split(",") if link)
+            except ValueError:
+                return None
+        else:
+            return None  # not ours
+    return Carrier(span_context, **fields)
 
 
-def task_context(carrier: trace.SpanContext, key: str) -> Context:
-    """A context whose current span is the (remote) ``task`` span of ``key``."""
-    parent = trace.SpanContext(
-        trace_id=carrier.trace_id,
-        span_id=task_span_id(carrier, key),
-        is_remote=True,
-        trace_flags=carrier.trace_flags,
-    )
-    return trace.set_span_in_context(trace.NonRecordingSpan(parent))
+def _link(text: str, flags: trace.TraceFlags) -> trace.SpanContext:
+    trace_id, _, span_id = text.partition("-")
+    return trace.SpanContext(int(trace_id, 16), int(span_id, 16), True, flags)
+
+
+class TaskRef(NamedTuple):
+    """A traced task as the worker holding it knows it: enough to name its span."""
+
+    carrier: Carrier
+    #: The key's text (:func:`key_to_str`).
+    key: str
+
+    @property
+    def span_context(self) -> trace.SpanContext:
+        """The (remote) context of this generation's span of the task."""
+        context = self.carrier.context
+        return trace.SpanContext(
+            context.trace_id,
+            self.carrier.span_id(self.key),
+            is_remote=True,
+            trace_flags=context.trace_flags,
+        )
+
+
+def traced_task(annotations: dict | None, key: Any) -> TaskRef | None:
+    """The :class:`TaskRef` of a task whose spans are recorded (from a worker's
+    ``TaskState.annotations``), else None."""
+    carrier = parse(annotations.get(ANNOTATION)) if annotations else None
+    if carrier is None or not carrier.context.trace_flags.sampled:
+        return None
+    return TaskRef(carrier, key_to_str(key))
+
+
+def task_context(task: TaskRef) -> Context:
+    """A context whose current span is the (remote) span of ``task``."""
+    return trace.set_span_in_context(trace.NonRecordingSpan(task.span_context))
+
+
+def task_link(task: TaskRef, relation: str) -> trace.Link:
+    """A link to the span of ``task`` (``dask.link`` says how it relates)."""
+    return trace.Link(task.span_context, {"dask.link": relation})
 
 
 class _PresetIdGenerator:

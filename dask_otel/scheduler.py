@@ -1,9 +1,17 @@
-"""Scheduler plugin: a ``graph`` span per ``update_graph`` and a ``task`` span per task.
+"""Scheduler plugin: a ``graph`` span per ``update_graph``; task spans for anomalies only.
 
-The hot path (``transition``, ~7 calls per task) only appends a tuple to a per-task
-record. When a task reaches a final state its record goes to a background thread that
-builds the ``task`` span after the fact, back-dated, with the deterministic span id
-from :mod:`dask_otel.ids`, so workers can parent their spans to it without asking.
+Trace model v2: the worker that produces a task's result emits its ``task`` span, with
+the deterministic id of :mod:`dask_otel.ids`. The scheduler does no span work for a task
+that completes normally: its hot path (``transition``, ~7 calls per task) only notes
+when a graph's last task is done, and acts on the few transitions that mean something
+went wrong. It emits a ``task`` span only for a task no worker finished (erred,
+KilledWorker, cancelled while running) and an ``attempt`` span for an attempt lost with
+its worker; each such ending moves the task to a new generation of span ids (see
+:class:`dask_otel.ids.Carrier`), so no id is ever emitted twice.
+
+With ``otel.scheduler.task-spans: all`` it also records every task's lifecycle and
+emits every ``task`` span, as in trace model v1 (workers then emit ``execute`` spans
+under them): ~100 us of scheduler CPU per task.
 """
 
 from __future__ import annotations
@@ -36,28 +44,43 @@ logger = logging.getLogger(__name__)
 FINAL_STATES = frozenset({"memory", "erred", "forgotten"})
 #: States a task enters on submission, shown by its span's start rather than by events.
 BEFORE_RUN = frozenset({"waiting", "queued"})
+#: States a task leaves for ``released`` without a result (``erred`` was reported).
+WITHOUT_RESULT = frozenset({"processing", "waiting", "queued", "no-worker"})
+#: Stimuli of a task leaving ``processing`` whose attempt its worker reports itself (a
+#: failure, or ``Reschedule`` raised by the task): anything else is a cancellation.
+REPORTED_BY_WORKER = ("task-erred", "reschedule")
 
 
 class _Graph:
-    """One ``update_graph`` call: its span and the tasks still running under it.
+    """One ``update_graph`` call: its span and counts of its tasks' final states.
 
     The ``graph`` span is live from ``update_graph`` on (one per graph): starting it is
     how the sampler decides for the whole computation before any task reaches a worker.
-    ``carrier`` is the context every task of the graph carries in its annotation.
     """
 
-    __slots__ = ("carrier", "context", "pending", "span")
+    __slots__ = ("carrier", "context", "counts", "pending", "span", "start_ns")
 
-    def __init__(self, span: trace.Span, carrier: trace.SpanContext) -> None:
+    def __init__(self, span: trace.Span, start_ns: int) -> None:
         self.span = span
-        self.carrier = carrier
+        self.start_ns = start_ns
+        #: What every traced task of the graph carries: the graph span's context.
+        self.carrier = ids.Carrier(span.get_span_context())
+        #: Tasks not yet in a final state.
         self.pending = 0
+        #: Tasks by final state (and ``queued``: tasks that waited in the scheduler's queue).
+        self.counts = dict.fromkeys(("memory", "erred", "forgotten", "queued"), 0)
         #: The parent context of its ``task`` spans.
-        self.context = trace.set_span_in_context(trace.NonRecordingSpan(span.get_span_context()))
+        self.context = trace.set_span_in_context(trace.NonRecordingSpan(self.carrier.context))
+
+    def end(self, now: int) -> None:
+        """End the span with the counts (in the emitter thread)."""
+        self.span.set_attributes({f"dask.graph.{state}": n for state, n in self.counts.items()})
+        self.span.end(now)
 
 
 class _Task:
-    """What the scheduler learns about one task while it lives; turned into a span later."""
+    """What the scheduler knows about one task when it emits its span: the whole
+    lifecycle with ``task-spans: all``, the anomaly otherwise."""
 
     __slots__ = (
         "attempts",
@@ -68,6 +91,7 @@ class _Task:
         "erred_attempt",
         "error",
         "events",
+        "generation",
         "graph",
         "group",
         "kept",
@@ -91,15 +115,17 @@ class _Task:
         self.graph = graph
         self.start_ns = start_ns
         self.end_ns = 0
+        self.generation = 0
         # A graph's records live as long as its tasks: no list unless needed, and events in
         # a tuple of plain values, which Python's garbage collector stops tracking.
         self.events: tuple[tuple[str, int, str | None, str | None], ...] = ()
         self.dropped_events = 0
-        self.attempts = 0
+        #: None: unknown (a task cancelled while running).
+        self.attempts: int | None = 0
         #: An attempt failed and was retried: its worker reported it, whatever the thinning.
         self.erred_attempt = False
         self.worker: str | None = None
-        #: Every worker it was sent to, once each, when more than one.
+        #: Every worker it was sent to (or died on), once each, when more than one.
         self.workers: list[str] | None = None
         self.state = ""
         self.nbytes: int | None = None
@@ -129,15 +155,26 @@ class _Task:
 
 
 class DaskOtelSchedulerPlugin(SchedulerPlugin):
-    """Traces every graph and task on the scheduler it is added to."""
+    """Traces every graph, and the tasks no worker finished, on its scheduler."""
 
     name = PLUGIN_NAME
     idempotent = True
 
     def __init__(self) -> None:
         self._scheduler: Scheduler | None = None
-        self._tasks: dict[Any, _Task] = {}
+        #: The open graph of each task not yet in a final state.
+        self._tasks: dict[Any, _Graph] = {}
         self._graphs: set[_Graph] = set()
+        #: Open graphs by the span id their tasks carry.
+        self._graph_by_span: dict[int, _Graph] = {}
+        #: ``task-spans: all``: every task's lifecycle, by key.
+        self._records: dict[Any, _Task] = {}
+        #: Tasks whose result was released: if they run again, it is a new generation.
+        self._released_results: set[Any] = set()
+        #: Tasks processing on a worker being removed, reported lost, until released.
+        self._lost: set[Any] = set()
+        #: Workers each task died on (unexpected removals), until it ends.
+        self._died_on: dict[Any, list[str]] = {}
         self._emitter: SpanEmitter | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -151,6 +188,7 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         if settings is None:
             return
         self._settings: Settings = settings
+        self._all_task_spans = settings.scheduler_task_spans == "all"
         self._scheduler = scheduler
         self._providers = telemetry.current()
         tracer = self._providers.tracer()
@@ -183,14 +221,12 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
     ) -> None:
         if self._emitter is None:
             return
-        injected = annotations.get(ids.ANNOTATION)
-        # A user's own ``otel`` annotation is not a carrier: only values that decode count.
-        client_carrier = (
-            next((v for v in injected.values() if ids.decode(v) is not None), None)
-            if injected
-            else None
+        injected = annotations.get(ids.ANNOTATION) if isinstance(annotations, dict) else None
+        # A user's own ``otel`` annotation (of any type) is not a carrier: only values
+        # that parse count.
+        parent = next(
+            (c.context for v in _values(injected) if (c := ids.parse(v)) is not None), None
         )
-        parent = ids.decode(client_carrier)
         now = time_ns()
         span = self._tracer.start_span(
             "graph"
@@ -211,45 +247,84 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         if not span.is_recording():
             span.end(now)
             return
-        graph = _Graph(span, parent or span.get_span_context())
-        carrier = client_carrier if parent else ids.encode(graph.carrier)
-        records = self._tasks
+        graph = _Graph(span, now)
+        try:
+            created = self._annotate(graph, scheduler, tasks)
+        except Exception:
+            # Never leave the graph span open nor fail Dask's update_graph.
+            logger.exception("dask-otel: tracing a graph failed")
+            created = 0
+        graph.pending = created
+        span.set_attribute("dask.graph.tasks", created)
+        if created:
+            self._graphs.add(graph)
+            self._graph_by_span[graph.carrier.context.span_id] = graph
+        else:
+            self._emitter.submit(graph.end, now)
+
+    def _annotate(self, graph: _Graph, scheduler: Scheduler, tasks: list[Any]) -> int:
+        """Give the tasks this graph created its carrier; return how many."""
+        open_tasks = self._tasks
+        records = self._records
         states = scheduler.tasks
         created = []
         for key in tasks:
             ts = states.get(key)
             # Only tasks this graph created are still released; the others (scattered
             # data, results of earlier graphs, running tasks) belong to other spans.
-            if ts is None or ts.state != "released" or key in records:
+            if ts is None or ts.state != "released" or key in open_tasks:
                 continue
             annotation = ts.annotations.get(ids.ANNOTATION) if ts.annotations else None
-            if annotation is not None and annotation != carrier and ids.decode(annotation):
-                continue  # created by an earlier graph: its span lives in that trace
+            carrier = ids.parse(annotation)
+            if carrier is not None and carrier.context.span_id in self._graph_by_span:
+                continue  # created by an earlier graph still open: its span lives there
             created.append(ts)
-        filtered = self._settings.include_prefixes or self._settings.exclude_prefixes
+        settings = self._settings
+        filtered = settings.include_prefixes or settings.exclude_prefixes
         # The prefix filters choose first; the span budget is shared by the tasks they keep.
         chosen = [not filtered or self._prefix_traced(ts.prefix.name) for ts in created]
         ratio = self._span_ratio(sum(chosen))
-        thinned = ids.encode(ids.with_sampled(graph.carrier, False))
-        if self._settings.task_spans:  # the worker reports a thinned task if slow or failed
-            thinned += ids.THINNED
+        partial = ratio < 1 or not all(chosen)
+        carrier = graph.carrier._replace(partial=partial, scheduler_spans=self._all_task_spans)
+        kept_annotation = carrier.encode()
+        thinned_annotation = carrier._replace(
+            context=ids.with_sampled(carrier.context, False), thinned=settings.task_spans
+        ).encode()
+        created_set = {ts.key for ts in created} if not self._all_task_spans else set()
+        now = graph.start_ns
         for ts, kept in zip(created, chosen, strict=True):
-            prefix = ts.prefix.name
+            key_text = ids.key_to_str(ts.key)
             if kept and ratio < 1:
-                kept = ids.keep_task(graph.carrier, ids.key_to_str(ts.key), ratio)
+                kept = ids.keep_task(carrier.context, key_text, ratio)
             if ts.annotations is None:
                 ts.annotations = {}
+            annotation = kept_annotation if kept else thinned_annotation
+            if kept and not self._all_task_spans and ts.dependencies:
+                annotation = self._with_foreign_links(carrier, ts, created_set) or annotation
             # The carrier's sampled flag tells the worker whether to trace the task.
-            ts.annotations[ids.ANNOTATION] = carrier if kept else thinned
-            records[ts.key] = _Task(ts.key, prefix, ts.group.name, graph, now, kept)
-        graph.pending = len(created)
-        span.set_attribute("dask.graph.tasks", graph.pending)
+            ts.annotations[ids.ANNOTATION] = annotation
+            open_tasks[ts.key] = graph
+            if self._all_task_spans:
+                records[ts.key] = _Task(ts.key, ts.prefix.name, ts.group.name, graph, now, kept)
         if ratio < 1:
-            span.set_attribute("dask.graph.span_ratio", ratio)
-        if graph.pending:
-            self._graphs.add(graph)
-        else:
-            span.end(now)
+            graph.span.set_attribute("dask.graph.span_ratio", ratio)
+        return len(created)
+
+    def _with_foreign_links(self, carrier: ids.Carrier, ts: Any, created: set[Any]) -> str | None:
+        """The annotation naming the task spans of ``ts``'s dependencies, if one of them
+        is not of this graph (the worker derives the others from their keys)."""
+        dependencies = list(islice(ts.dependencies, self._settings.max_task_links))
+        if all(dts.key in created for dts in dependencies):
+            return None
+        links = []
+        for dts in dependencies:
+            if dts.key in created:
+                links.append(ids.TaskRef(carrier, ids.key_to_str(dts.key)).span_context)
+                continue
+            ref = ids.traced_task(dts.annotations, dts.key)
+            if ref is not None:
+                links.append(ref.span_context)
+        return carrier._replace(links=tuple(links)).encode()
 
     def _span_ratio(self, tasks: int) -> float:
         """Share of a graph's tasks that get per-task spans (``otel.task.*``)."""
@@ -270,6 +345,8 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
     def log_event(self, topic: str, msg: Any) -> None:
         if self._emitter is None:
             return
+        if topic == "all" and isinstance(msg, dict) and msg.get("action") == "remove-worker":
+            self._remove_worker(msg)
         # Dask publishes one event under several topics (``all`` and a worker's address)
         # in one loop: gather them, export once from the background thread.
         if self._events.add(topic, msg):
@@ -279,6 +356,21 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         for event in self._events.take():
             if self._emitter is not None:
                 self._emitter.submit(self._events.emit, *event)
+
+    def _remove_worker(self, msg: dict[str, Any]) -> None:
+        """A worker is being removed, before its tasks are released: each task it was
+        running is a lost attempt (Dask emits this event before those transitions)."""
+        if self._all_task_spans:
+            return  # the task spans' events show them
+        worker = msg.get("worker")
+        expected = bool(msg.get("expected"))
+        now = time_ns()
+        for key in msg.get("processing-tasks") or ():
+            ts = self._scheduler.tasks.get(key)  # type: ignore[union-attr]
+            # Those that died too often are erred already (KilledWorker, reported then).
+            if ts is not None and ts.state == "processing":
+                self._lost.add(key)
+                self._lose_attempt(ts, worker, expected, now)
 
     # -- tasks (hot path) -----------------------------------------------------------------
 
@@ -291,7 +383,181 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         stimulus_id: str | None = None,
         **kwargs: Any,
     ) -> None:
-        record = self._tasks.get(key)
+        if self._all_task_spans:
+            self._record_transition(key, start, finish, stimulus_id, kwargs)
+            return
+        if finish in FINAL_STATES:
+            graph = self._tasks.pop(key, None)
+            if finish == "erred":
+                self._erred(key, start, graph, kwargs)
+            elif self._died_on or self._released_results:
+                self._died_on.pop(key, None)
+                self._released_results.discard(key)
+            if graph is not None:
+                self._count(graph, finish)
+        elif finish == "released":
+            # Never on a normal task's path: memory -> forgotten once nobody wants it.
+            if start == "memory":
+                self._released_results.add(key)
+            elif start in WITHOUT_RESULT:
+                self._left_without_result(key, start, stimulus_id)
+        elif finish == "queued":
+            graph = self._tasks.get(key)
+            if graph is not None:
+                graph.counts["queued"] += 1
+        elif self._released_results and finish == "waiting" and key in self._released_results:
+            # A result lost (its worker died, say) is computed again: a new generation.
+            self._released_results.discard(key)
+            self._next_generation(self._scheduler.tasks.get(key))  # type: ignore[union-attr]
+
+    def _count(self, graph: _Graph, state: str) -> None:
+        graph.counts[state] += 1
+        graph.pending -= 1
+        if graph.pending == 0:
+            self._close_graph(graph, time_ns())
+
+    def _close_graph(self, graph: _Graph, now: int) -> None:
+        self._graphs.discard(graph)
+        self._graph_by_span.pop(graph.carrier.context.span_id, None)
+        self._emitter.submit(graph.end, now)  # type: ignore[union-attr]
+
+    # -- anomalies: spans for tasks no worker finished --------------------------------------
+
+    def _erred(self, key: Any, start: str, graph: _Graph | None, kwargs: dict[str, Any]) -> None:
+        """A task erred: the ``task`` span is the scheduler's to emit."""
+        ts = self._scheduler.tasks.get(key)  # type: ignore[union-attr]
+        carrier = _carrier(ts)
+        if carrier is None:
+            return
+        worker = kwargs.get("worker")
+        now = time_ns()
+        error = _error(ts, kwargs)
+        own_failure = error["cause"] in (None, key)
+        failed_attempts = _retries_used(ts)
+        if start == "processing" and own_failure:
+            if worker is not None and worker not in self._scheduler.workers:  # type: ignore[union-attr]
+                # KilledWorker: its last attempt died with the worker being removed.
+                self._lose_attempt(ts, worker, False, now)
+            else:
+                # The worker reported the failed attempt, under the next generation's span.
+                failed_attempts += 1
+                self._next_generation(ts)
+            carrier = _carrier(ts)
+        elif not (carrier.context.trace_flags.sampled or carrier.generation):
+            return  # thinned, never ran: nothing of it was reported, nothing to parent
+        died_on = self._died_on.pop(key, [])
+        record = self._anomaly(ts, carrier, graph, "erred", now)  # type: ignore[arg-type]
+        record.attempts = len(died_on) + failed_attempts
+        record.workers = died_on or ([worker] if worker else None)
+        record.error = error
+        self._emit_anomaly(ts, record)
+
+    def _left_without_result(self, key: Any, start: str, stimulus_id: str | None) -> None:
+        """A task left ``processing`` (or waiting, after attempts) without a result."""
+        ts = self._scheduler.tasks.get(key)  # type: ignore[union-attr]
+        carrier = _carrier(ts)
+        if carrier is None:
+            return
+        if key in self._lost:
+            self._lost.discard(key)  # reported at the worker's removal
+        elif start == "processing" and (stimulus_id or "").startswith(REPORTED_BY_WORKER):
+            # A failed or rescheduled attempt, which its worker reports under the span of
+            # the next generation; a retry of a thinned task is traced from now on.
+            self._next_generation(ts, traced=True)
+        elif start == "processing" or carrier.generation:
+            # Cancelled while running, or after attempts that were reported: the span
+            # they are parented to. A thinned task running had nothing reported.
+            if carrier.context.trace_flags.sampled:
+                record = self._anomaly(ts, carrier, None, "cancelled", time_ns())
+                record.attempts = None
+                self._emit_anomaly(ts, record)
+            self._next_generation(ts)
+
+    def _lose_attempt(self, ts: Any, worker: str | None, expected: bool, now: int) -> None:
+        """Emit the ``attempt`` span of ``ts``'s attempt lost with ``worker`` and move the
+        task to its next generation, traced (thinned or not)."""
+        carrier = _carrier(ts)
+        if carrier is None:
+            return
+        if not expected:
+            self._died_on.setdefault(ts.key, []).append(worker)  # type: ignore[arg-type]
+        key = ids.key_to_str(ts.key)
+        attributes = {
+            **self._task_attributes(ts),
+            "dask.worker.address": worker or "",
+            "dask.attempt.outcome": "retired" if expected else "worker-died",
+        }
+        if carrier.generation:
+            attributes["dask.task.generation"] = carrier.generation
+        self._next_generation(ts, traced=True)
+        self._emitter.submit(  # type: ignore[union-attr]
+            self._emit_lost_attempt, carrier, key, attributes, expected, now
+        )
+
+    def _emit_lost_attempt(
+        self, carrier: ids.Carrier, key: str, attributes: dict, expected: bool, now: int
+    ) -> None:
+        context = ids.with_sampled(carrier.context, True)
+        parent = trace.SpanContext(
+            context.trace_id, carrier.next_span_id(key), True, context.trace_flags
+        )
+        span = self._ids.start_span(
+            carrier.span_id(key),
+            f"attempt {attributes['dask.task.prefix']}",
+            context=trace.set_span_in_context(trace.NonRecordingSpan(parent)),
+            start_time=now,
+            attributes=attributes,
+        )
+        if not expected:
+            span.set_status(Status(StatusCode.ERROR, "worker died"))
+        span.end(now)
+
+    def _next_generation(self, ts: Any, traced: bool = False) -> None:
+        """Move ``ts`` to its next generation of span ids (traced from now on if
+        ``traced``, even if it was thinned)."""
+        carrier = _carrier(ts)
+        if carrier is None:
+            return
+        carrier = carrier._replace(generation=carrier.generation + 1)
+        if traced and not carrier.context.trace_flags.sampled:
+            carrier = carrier._replace(
+                context=ids.with_sampled(carrier.context, True), thinned=False
+            )
+        ts.annotations[ids.ANNOTATION] = carrier.encode()
+
+    def _task_attributes(self, ts: Any) -> dict[str, Any]:
+        limit = self._settings.max_attribute_length
+        return {
+            "dask.cluster.id": self._cluster_id,
+            "dask.task.key": ids.cap(ids.key_to_str(ts.key), limit),
+            "dask.task.prefix": ids.cap(ts.prefix.name, limit),
+            "dask.task.group": ids.cap(ts.group.name, limit),
+        }
+
+    def _anomaly(
+        self, ts: Any, carrier: ids.Carrier, graph: _Graph | None, state: str, now: int
+    ) -> _Task:
+        """The record of a task span the scheduler emits: from its graph's start (if the
+        graph is still open) to now, in the task's current generation."""
+        graph = graph or self._graph_by_span.get(carrier.context.span_id)
+        start = graph.start_ns if graph is not None else now
+        record = _Task(ts.key, ts.prefix.name, ts.group.name, graph, start, True)  # type: ignore[arg-type]
+        record.generation = carrier.generation
+        record.state = state
+        record.end_ns = now
+        return record
+
+    def _emit_anomaly(self, ts: Any, record: _Task) -> None:
+        carrier = _carrier(ts)
+        self._next_generation(ts)  # if it runs again (client.retry), under a new id
+        self._emitter.submit(self._emit_task, record, carrier.context)  # type: ignore[union-attr]
+
+    # -- task-spans: all (trace model v1) ---------------------------------------------------
+
+    def _record_transition(
+        self, key: Any, start: str, finish: str, stimulus_id: str | None, kwargs: dict[str, Any]
+    ) -> None:
+        record = self._records.get(key)
         if record is None:
             return
         if finish == "processing":
@@ -314,31 +580,16 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
             record.erred_attempt = True  # retried (to waiting), or released by a restart
 
     def _finish(self, record: _Task, state: str, now: int, kwargs: dict[str, Any]) -> None:
-        del self._tasks[record.key]
+        del self._records[record.key]
+        self._tasks.pop(record.key, None)
         record.state = state
         record.end_ns = now
-        graph = record.graph
-        graph.pending -= 1
-        if graph.pending == 0:
-            self._graphs.discard(graph)
         for startstop in kwargs.get("startstops") or ():
             if startstop.get("action") == "compute":
                 record.compute_seconds += startstop["stop"] - startstop["start"]
         ts = self._scheduler.tasks.get(record.key)  # type: ignore[union-attr]
         if state == "erred":
-            # As text now: the exception (Dask's own KilledWorker, or a worker's pickle)
-            # is not kept until the emitter reports it.
-            record.error = {
-                "failure": errors.failure(
-                    kwargs.get("exception"),
-                    kwargs.get("exception_text"),
-                    kwargs.get("traceback_text"),
-                ),
-                "cause": kwargs.get("cause"),
-            }
-            if record.error["cause"] is None and ts is not None and ts.exception_blame:
-                # Dependents of a failed task are erred without kwargs; Dask blames one.
-                record.error["cause"] = ts.exception_blame.key
+            record.error = _error(ts, kwargs)
         # Thinned tasks still get a span when an attempt failed (retried or not) or was
         # slow: the worker, which sees the same failure and compute time, emits its
         # execute span too, whose parent this span is.
@@ -356,16 +607,15 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
                     (dts.key, dts.annotations.get(ids.ANNOTATION) if dts.annotations else None)
                     for dts in islice(ts.dependencies, settings.max_task_links)
                 ]
-            self._emitter.submit(self._emit_task, record)  # type: ignore[union-attr]
-        if graph.pending == 0:
-            self._emitter.submit(graph.span.end, now)  # type: ignore[union-attr]
+            context = record.graph.carrier.context
+            self._emitter.submit(self._emit_task, record, context)  # type: ignore[union-attr]
+        self._count(record.graph, state)
 
     # -- emission (background thread) -----------------------------------------------------
 
-    def _emit_task(self, record: _Task) -> None:
+    def _emit_task(self, record: _Task, carrier: trace.SpanContext) -> None:
         limit = self._settings.max_attribute_length
         prefix = ids.cap(record.prefix, limit)  # a key without "-" is its own prefix
-        carrier = record.graph.carrier
         key = ids.key_to_str(record.key)
         attributes: dict[str, Any] = {
             "dask.cluster.id": self._cluster_id,
@@ -373,8 +623,9 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
             "dask.task.prefix": prefix,
             "dask.task.group": ids.cap(record.group, limit),
             "dask.task.state": record.state,
-            "dask.task.attempts": record.attempts,
         }
+        if record.attempts is not None:
+            attributes["dask.task.attempts"] = record.attempts
         if record.worker:
             attributes["dask.worker.address"] = record.worker
         if record.workers:
@@ -383,10 +634,13 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
             attributes["dask.task.nbytes"] = record.nbytes
         if record.dropped_events:
             attributes["dask.task.dropped_events"] = record.dropped_events
+        if record.generation:
+            attributes["dask.task.generation"] = record.generation
+        parent = ids.with_sampled(carrier, True)
         span = self._ids.start_span(
-            ids.task_span_id(carrier, key),
+            ids.task_span_id(carrier, key, record.generation),
             f"task {prefix}",
-            context=record.graph.context,
+            context=trace.set_span_in_context(trace.NonRecordingSpan(parent)),
             start_time=record.start_ns,
             attributes=attributes,
             links=_dependency_links(record.dependencies or ()),
@@ -423,12 +677,13 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
     async def close(self) -> None:
         if self._emitter is None:
             return
-        self._tasks = {}  # stop recording: transitions from now on find no record
+        # Stop recording: transitions from now on find no graph.
+        self._tasks = {}
+        self._records = {}
         now = time_ns()
         for graph in list(self._graphs):
             graph.span.set_attribute("dask.graph.incomplete", True)
-            self._emitter.submit(graph.span.end, now)
-        self._graphs.clear()
+            self._close_graph(graph, now)
         closing, self._emitter = self._emitter, None
         self._scheduler.handlers.update(self._handlers)  # type: ignore[union-attr]
         timeout = self._settings.flush_timeout
@@ -440,12 +695,45 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         logs.remove_cluster(self._cluster_id)
 
 
+def _carrier(ts: Any) -> ids.Carrier | None:
+    """The carrier in a scheduler ``TaskState``'s annotation, if dask-otel put one there."""
+    if ts is None or not ts.annotations:
+        return None
+    return ids.parse(ts.annotations.get(ids.ANNOTATION))
+
+
+def _error(ts: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Why a task erred, from its ``erred`` transition: as text now (the exception, Dask's
+    own KilledWorker or a worker's pickle, is not kept until the emitter reports it), and
+    the key of the task whose failure caused it."""
+    cause = kwargs.get("cause")
+    if cause is None and ts is not None and ts.exception_blame:
+        # Dependents of a failed task are erred without kwargs; Dask blames one.
+        cause = ts.exception_blame.key
+    failure = errors.failure(
+        kwargs.get("exception"), kwargs.get("exception_text"), kwargs.get("traceback_text")
+    )
+    return {"failure": failure, "cause": cause}
+
+
+def _retries_used(ts: Any) -> int:
+    """Attempts of ``ts`` that failed and were retried (``retries`` granted, minus left)."""
+    granted = ts.annotations.get("retries") if ts.annotations else None
+    return max(0, granted - ts.retries) if isinstance(granted, int) else 0
+
+
+def _values(injected: object) -> Iterable[Any]:
+    """The values of the ``otel`` annotation Dask gathered by key (any type: a user's)."""
+    if isinstance(injected, dict):
+        return injected.values()
+    return ()
+
+
 def _dependency_links(dependencies: Iterable[tuple[Any, Any]]) -> list[Link]:
     """Links to the ``task`` spans of dependencies that dask-otel traced."""
     links = []
     for key, annotation in dependencies:
-        carrier = ids.decode(annotation)
-        if carrier is None or not carrier.trace_flags.sampled:
-            continue  # no span to link: scattered data, an untraced graph, a thinned task
-        links.append(ids.task_link(carrier, ids.key_to_str(key), "dependency"))
+        ref = ids.traced_task({ids.ANNOTATION: annotation}, key)
+        if ref is not None:  # else no span to link: scattered data, untraced, thinned
+            links.append(ids.task_link(ref, "dependency"))
     return links

@@ -32,7 +32,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from dask_otel import emitter, errors, flight, ids, logs, metrics, rpc, telemetry
 from dask_otel.activation import activate
-from dask_otel.deferred import DeferredSpan, EndedSpans
+from dask_otel.deferred import DeferredSpan, EndedSpans, TaskAttemptSpan
 from dask_otel.emitter import drain
 from dask_otel.report import report_once
 from dask_otel.spill import SpillTracer
@@ -116,7 +116,7 @@ class TransferTracer(_InstancePatch):
             started = None
         span = None
         if started is not None:
-            span = DeferredSpan(started[0][0])
+            span = DeferredSpan(started[0].carrier.context)
             token = context.attach(trace.set_span_in_context(span))
         start_ns = time_ns()
         # Reported on every way out: a fetch cancelled (its worker closing) still has the
@@ -143,7 +143,7 @@ class TransferTracer(_InstancePatch):
         outcome: str,
         nbytes: int,
         times: tuple[int, int],
-        started: tuple[tuple[trace.SpanContext, str], list, dict[str, Any]] | None,
+        started: tuple[ids.TaskRef, list, dict[str, Any]] | None,
         span: DeferredSpan | None,
     ) -> None:
         """In the emitter thread: the fetch's metric points, and its span if traced."""
@@ -163,7 +163,7 @@ class TransferTracer(_InstancePatch):
 
     def _start(
         self, peer: str, keys: Any, nbytes: int
-    ) -> tuple[tuple[trace.SpanContext, str], list, dict[str, Any]] | None:
+    ) -> tuple[ids.TaskRef, list, dict[str, Any]] | None:
         """(the traced task whose inputs are fetched, the others served, the span's
         attributes), or None."""
         if not self.settings.transfer_spans:
@@ -172,7 +172,7 @@ class TransferTracer(_InstancePatch):
         # more than the span can name, and no more than DEPENDENTS_EXAMINED looked at: a
         # key that thousands of (thinned) tasks share is not walked at every fetch.
         wanted = self.settings.max_task_links + 1
-        served: dict[str, tuple[trace.SpanContext, str]] = {}  # by key
+        served: dict[str, ids.TaskRef] = {}  # by key
         tasks = self.worker.state.tasks
         dependents = (
             dependent for ts in filter(None, map(tasks.get, keys)) for dependent in ts.dependents
@@ -180,7 +180,7 @@ class TransferTracer(_InstancePatch):
         for dependent in islice(dependents, DEPENDENTS_EXAMINED):
             traced = ids.traced_task(dependent.annotations, dependent.key)
             if traced is not None:
-                served[traced[1]] = traced
+                served[traced.key] = traced
                 if len(served) == wanted:
                     break
         if not served:
@@ -249,7 +249,7 @@ class GetDataTracer:
 
     def _start(
         self, comm: Any, keys: Any, who: str | None
-    ) -> tuple[tuple[trace.SpanContext, str], dict[str, Any]] | None:
+    ) -> tuple[ids.TaskRef, dict[str, Any]] | None:
         """(the traced task whose data is sent, the span's attributes), or None."""
         tasks = self.worker.state.tasks
         produced = None
@@ -281,39 +281,42 @@ class _Attempt:
 
     __slots__ = (
         "annotation",
-        "carrier",
+        "dependencies",
         "end_ns",
         "failure",
         "key",
+        "nbytes",
         "outcome",
         "prefix",
         "span",
         "start_ns",
+        "state",
         "thread",
         "timing",
     )
 
     def __init__(
-        self,
-        key: Any,
-        prefix: str,
-        annotation: Any,
-        carrier: trace.SpanContext | None,
-        span: DeferredSpan | None,
-        start_ns: int,
+        self, key: Any, prefix: str, annotation: Any, span: DeferredSpan | None, start_ns: int
     ) -> None:
         self.key = key
         self.prefix = prefix
+        #: The task's annotation: at the start, then at the end of the attempt (a task
+        #: cancelled and asked for again meanwhile has the scheduler's next one).
         self.annotation = annotation
-        self.carrier = carrier
         self.span = span
         self.start_ns = start_ns
         self.end_ns = 0
         self.thread: int | None = None
+        #: The worker's state of the task at the end (``cancelled``: released meanwhile).
+        self.state: str | None = None
+        #: Its dependencies (worker ``TaskState``s, holding no data), for links.
+        self.dependencies: tuple[Any, ...] = ()
         #: ``success``, ``error`` or ``rescheduled`` (None: something else, e.g. cancelled).
         self.outcome: str | None = None
         #: Dask's own (start, stop) of the run, in seconds since the epoch.
         self.timing: tuple[float, float] | None = None
+        #: Size of the result, as Dask measured it.
+        self.nbytes: int | None = None
         #: The task's exception as Dask reported it, or one raised by Dask's ``execute``
         #: itself: as text (no frame, argument or exception outlives the attempt).
         self.failure: errors.Failure | None = None
@@ -321,24 +324,32 @@ class _Attempt:
     def note(self, result: Any) -> None:
         """Keep what the reports need from Dask's result."""
         if isinstance(result, RescheduleEvent):
-            self.outcome = "rescheduled"
+            # Rescheduled by the task (``Reschedule``), or by a closing worker: then the
+            # scheduler speaks for the attempt, as for a cancelled one.
+            if not result.stimulus_id.startswith("worker-closing"):
+                self.outcome = "rescheduled"
         elif isinstance(result, (ExecuteSuccessEvent, ExecuteFailureEvent)):
             self.outcome = "success" if isinstance(result, ExecuteSuccessEvent) else "error"
             if result.start is not None and result.stop is not None:
                 self.timing = (result.start, result.stop)
-            if isinstance(result, ExecuteFailureEvent):
+            if isinstance(result, ExecuteSuccessEvent):
+                self.nbytes = result.nbytes
+            else:
                 self.failure = errors.failure(
                     result.exception, result.exception_text, result.traceback_text
                 )
 
 
 class ExecuteTracer(_InstancePatch):
-    """Replaces one worker's ``execute``: an ``execute`` span per traced attempt and a
+    """Replaces one worker's ``execute``: the span of each traced attempt and a
     ``dask.task.duration`` point per attempt.
 
     On the event loop, a traced attempt only makes a :class:`DeferredSpan` current (user
     spans, logs and ``rpc`` spans in the task see it) and notes the outcome; the span and
-    the metric point are made by the worker's emitter thread.
+    the metric point are made by the worker's emitter thread: the ``task`` span if the
+    attempt produced the result, an ``attempt`` span if it failed or was rescheduled
+    (trace model v2, :mod:`dask_otel.ids`); with ``otel.scheduler.task-spans: all`` an
+    ``execute`` span under the scheduler's ``task`` span.
     """
 
     name = "execute"
@@ -365,12 +376,16 @@ class ExecuteTracer(_InstancePatch):
         if ts is None:  # Dask ignores it; so do we
             return await self.original(key, stimulus_id=stimulus_id)
         annotation = ts.annotations.get(ids.ANNOTATION) if ts.annotations else None
-        carrier = ids.decode(annotation)
+        carrier = ids.parse(annotation)
         span = None
-        if carrier is not None and carrier.trace_flags.sampled:
-            span = DeferredSpan(carrier)
+        if carrier is not None and carrier.context.trace_flags.sampled:
+            span = (
+                DeferredSpan(carrier.context)
+                if carrier.scheduler_spans or carrier.from_client
+                else TaskAttemptSpan(carrier, key)
+            )
             token = context.attach(trace.set_span_in_context(span))
-        attempt = _Attempt(key, ts.prefix, annotation, carrier, span, time_ns())
+        attempt = _Attempt(key, ts.prefix, annotation, span, time_ns())
         recorder = self.recorder
         if recorder is not None:  # for the Nanny, should this process die during the attempt
             text = ids.cap(ids.key_to_str(key), self.settings.max_attribute_length)
@@ -392,6 +407,13 @@ class ExecuteTracer(_InstancePatch):
                 recorder.ended(slot)
             attempt.end_ns = time_ns()
             attempt.thread = self.worker.threads.get(key)
+            attempt.state = ts.state
+            if carrier is not None:
+                attempt.annotation = ts.annotations.get(ids.ANNOTATION) if ts.annotations else None
+                if attempt.outcome == "success" and not carrier.scheduler_spans:
+                    attempt.dependencies = tuple(
+                        islice(ts.dependencies, self.settings.max_task_links)
+                    )
             self.spans.emitter.submit(self._report, attempt)
             if recorder is not None:
                 self.spans.emitter.submit(recorder.reported, slot)
@@ -404,13 +426,29 @@ class ExecuteTracer(_InstancePatch):
         timing = attempt.timing
         if timing is not None:
             self._record_duration(prefix, attempt.outcome, timing)  # type: ignore[arg-type]
-        if attempt.span is not None:
-            self._emit(attempt, prefix, attempt.carrier, attempt.start_ns, attempt.end_ns)  # type: ignore[arg-type]
-        elif timing is not None and ids.thinned(attempt.annotation) and self._keep_anyway(attempt):
-            # A thinned task's attempt that failed or was slow is reported all the same,
-            # timed by Dask (nothing nested under it: it was not current).
-            carrier = ids.with_sampled(attempt.carrier, True)  # type: ignore[arg-type]
-            self._emit(attempt, prefix, carrier, int(timing[0] * 1e9), int(timing[1] * 1e9))
+        carrier = ids.parse(attempt.annotation)
+        if carrier is None:
+            return
+        if carrier.scheduler_spans:
+            kept = timing is not None and carrier.thinned and self._keep_anyway(attempt)
+            if attempt.span is not None or kept:
+                self._emit(attempt, f"execute {prefix}", carrier, carrier.span_id, None, None)
+            return
+        if attempt.state == "cancelled" or attempt.outcome is None:
+            return  # the scheduler emits what stands for it: the cancelled task, the lost attempt
+        if attempt.span is None and not (
+            timing is not None and carrier.thinned and self._keep_anyway(attempt)
+        ):
+            return
+        name = f"{'task' if attempt.outcome == 'success' else 'attempt'} {prefix}"
+        if carrier.from_client:
+            # No dask-otel scheduler: each attempt with an id of its own, under the client's.
+            self._emit(attempt, name, carrier, None, None, None)
+        elif attempt.outcome == "success":
+            links = self._links(attempt, carrier)
+            self._emit(attempt, name, carrier, None, links, carrier.span_id)
+        else:  # failed or rescheduled: under the span of the next generation
+            self._emit(attempt, name, carrier, carrier.next_span_id, None, carrier.span_id)
 
     def _keep_anyway(self, attempt: _Attempt) -> bool:
         """A thinned task's attempt is reported if it failed or was slow."""
@@ -418,30 +456,73 @@ class ExecuteTracer(_InstancePatch):
         return attempt.outcome == "error" or stop - start > self.settings.keep_slower_than
 
     def _emit(
-        self, attempt: _Attempt, prefix: str, carrier: trace.SpanContext, start: int, end: int
+        self,
+        attempt: _Attempt,
+        name: str,
+        carrier: ids.Carrier,
+        parent_id: Callable[[str], int] | None,
+        links: list[trace.Link] | None,
+        span_id: Callable[[str], int] | None,
     ) -> None:
+        """The attempt's span, named ``name``: its parent the span ``parent_id`` names
+        (None: the carrier's), its id the one ``span_id`` names (None: the current span's,
+        or a new one)."""
         key = ids.key_to_str(attempt.key)
         limit = self.settings.max_attribute_length
+        context = ids.with_sampled(carrier.context, True)  # a thinned task kept anyway
+        parent = (
+            context
+            if parent_id is None
+            else trace.SpanContext(context.trace_id, parent_id(key), True, context.trace_flags)
+        )
+        if attempt.span is not None:
+            start, end = attempt.start_ns, attempt.end_ns
+        else:  # timed by Dask (nothing nested under it: it was not current)
+            start, end = (int(t * 1e9) for t in attempt.timing)  # type: ignore[union-attr]
         final: dict[str, Any] = {}
         if attempt.thread is not None:
             final["thread.id"] = attempt.thread
         if attempt.outcome == "rescheduled":
             final["dask.task.rescheduled"] = True
+        if attempt.nbytes is not None and parent_id is None:
+            final["dask.task.nbytes"] = attempt.nbytes
+        if attempt.timing is not None:
+            final["dask.task.compute_seconds"] = max(0.0, attempt.timing[1] - attempt.timing[0])
+        if carrier.generation:
+            final["dask.task.generation"] = carrier.generation
         self.spans.build(
-            f"execute {prefix}",
-            (carrier, key),
+            name,
+            parent,
             SpanKind.INTERNAL,
             (start, end),
             {
                 **self.static_attributes,
                 "dask.task.key": ids.cap(key, limit),
-                "dask.task.prefix": prefix,
+                "dask.task.prefix": ids.cap(attempt.prefix, limit),
                 "dask.task.group": ids.cap(key_split_group(attempt.key), limit),
             },
             attempt.failure,
+            links=links,
             deferred=attempt.span,
             final=final,
+            span_id=span_id(key) if span_id is not None else None,
         )
+
+    @staticmethod
+    def _links(attempt: _Attempt, carrier: ids.Carrier) -> list[trace.Link]:
+        """Links to the spans of the task's dependencies: as the scheduler named them, or
+        derived from their keys (same graph; in a thinned graph only those known here)."""
+        relation = {"dask.link": "dependency"}
+        if carrier.links is not None:
+            return [trace.Link(link, relation) for link in carrier.links]
+        links = []
+        for dependency in attempt.dependencies:
+            ref = ids.traced_task(dependency.annotations, dependency.key)
+            if ref is None and not carrier.partial:
+                ref = ids.TaskRef(carrier._replace(generation=0), ids.key_to_str(dependency.key))
+            if ref is not None:
+                links.append(trace.Link(ref.span_context, relation))
+        return links
 
     def _record_duration(self, prefix: str, outcome: str, timing: tuple[float, float]) -> None:
         """One ``dask.task.duration`` point per attempt, traced or not (Dask's timings)."""

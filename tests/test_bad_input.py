@@ -183,7 +183,7 @@ def test_tuple_int_float_and_very_long_keys(telemetry):
             client.submit(inc, 1, key=b"bytes-key").result()
         flush_emitters(client)
     spans = telemetry.spans()
-    keys_seen = {s.attributes.get("dask.task.key") for s in telemetry.spans("execute")}
+    keys_seen = {s.attributes.get("dask.task.key") for s in telemetry.spans("task ")}
     assert len(keys_seen) == len(submitted)
     assert ids.key_to_str(("t", 0)) in keys_seen and "5" in keys_seen and "2.5" in keys_seen
     for span in spans:
@@ -201,8 +201,8 @@ def test_span_names_of_very_long_keys_are_capped(telemetry):
         assert client.submit(inc, 1, key="k" * 20_000).result() == 2
         flush_emitters(client)
     spans = telemetry.spans()
-    assert {s.name.split()[0] for s in spans} >= {"task", "execute"}
-    assert all(len(s.name) <= len("execute ") + LIMIT for s in spans)
+    assert {s.name.split()[0] for s in spans} >= {"task", "graph"}
+    assert all(len(s.name) <= len("compute ") + LIMIT for s in spans)
     assert all(len(s.attributes.get("dask.task.prefix", "")) <= LIMIT for s in spans)
 
 
@@ -237,11 +237,8 @@ def test_a_users_otel_annotation_is_replaced_with_one_warning(
         flush_emitters(client)
     # Every submission is traced as if the annotation were not there.
     for i in range(len(FOREIGN_ANNOTATIONS)):
-        (execute,) = [
-            s for s in telemetry.spans("execute") if s.attributes["dask.task.key"] == f"inc-{i}"
-        ]
         (task,) = [
-            s for s in telemetry.spans("task") if s.context.span_id == execute.parent.span_id
+            s for s in telemetry.spans("task") if s.attributes["dask.task.key"] == f"inc-{i}"
         ]
         (graph,) = [s for s in telemetry.spans("graph") if s.context.span_id == task.parent.span_id]
         (_compute,) = [
@@ -284,7 +281,7 @@ def test_tasks_with_a_foreign_annotation_are_still_traced(telemetry):
         with dask.annotate(otel="garbage"):
             assert client.submit(inc, 1, key="inc-foreign").result() == 2
         flush_emitters(client)
-    assert [s.attributes["dask.task.key"] for s in telemetry.spans("execute")] == ["inc-foreign"]
+    assert [s.attributes["dask.task.key"] for s in telemetry.spans("task")] == ["inc-foreign"]
 
 
 # -- exceptions that cannot be printed or pickled -------------------------------------------
@@ -334,7 +331,7 @@ def test_unprintable_and_unpicklable_exceptions(telemetry):
         spans = [
             s
             for s in telemetry.spans()
-            if s.name in (f"task {func.__name__}", f"execute {func.__name__}")
+            if s.name in (f"task {func.__name__}", f"attempt {func.__name__}")
         ]
         assert len(spans) == 2, (prefix, [s.name for s in telemetry.spans()])
         for span in spans:
@@ -358,9 +355,9 @@ def test_a_task_that_replaces_the_global_tracer_provider(telemetry):
         assert client.submit(inc, 1, key="inc-after").result() == 2
         flush_emitters(client)
     # dask-otel's components keep the providers they started with.
-    names = {s.attributes.get("dask.task.key") for s in telemetry.spans("execute")}
+    names = {s.attributes.get("dask.task.key") for s in telemetry.spans("task ")}
     assert "inc-after" in names
-    assert len(telemetry.spans("execute replace_global_provider")) == 1
+    assert len(telemetry.spans("task replace_global_provider")) == 1
 
 
 # -- invalid otel: config in a client -------------------------------------------------------
@@ -401,7 +398,7 @@ def test_garbage_otel_variables_in_a_real_worker(receiver, processes):
             future = client.submit(operator.add, 41, 1, key=f"add-{name}", workers=[workers[name]])
             assert future.result(timeout=60) == 42
     # The recoverable worker's telemetry is sent; the other one's cannot be.
-    spans = receiver.wait_for(lambda r: [s for s in r.spans() if s["name"].startswith("execute")])
+    spans = receiver.wait_for(lambda r: [s for s in r.spans() if s["name"].startswith("task ")])
     assert [s["attributes"]["dask.task.key"] for s in spans] == ["add-recoverable"]
     assert spans[0]["attributes"]["dask.worker.name"] == "recoverable"
     logs = {log.stem: log.read_text() for _, log in processes.procs}

@@ -20,6 +20,7 @@ def test_defaults():
         enabled=True,
         max_attribute_length=256,
         task_spans=True,
+        scheduler_task_spans="anomalies",
         transfer_spans=True,
         spill_spans=True,
         rpc_spans=True,
@@ -57,6 +58,7 @@ def test_values_set_through_dask_config():
             "otel.enabled": "False",
             "otel.max-attribute-length": 16,
             "otel.spans.transfers": False,
+            "otel.scheduler.task-spans": "all",
             "otel.metrics.enabled": "false",
             "otel.rpc.always-record": ["gather"],
             "otel.rpc.never-record": [],
@@ -74,6 +76,7 @@ def test_values_set_through_dask_config():
         enabled=False,
         max_attribute_length=16,
         task_spans=True,
+        scheduler_task_spans="all",
         transfer_spans=False,
         spill_spans=True,
         rpc_spans=True,
@@ -132,6 +135,8 @@ def test_values_set_through_dask_config():
         ("otel.flush-timeout", -1),
         ("otel.flush-timeout", None),
         ("otel.flush-timeout", "inf"),
+        ("otel.scheduler.task-spans", "every"),
+        ("otel.scheduler.task-spans", True),
     ],
 )
 def test_invalid_value_names_the_full_key(key, value):
@@ -142,6 +147,14 @@ def test_invalid_value_names_the_full_key(key, value):
     assert repr(value) in message
     # A ConfigError is a ValueError, for callers that catch those.
     assert isinstance(info.value, ValueError)
+
+
+def test_a_misspelt_choice_names_the_closest_valid_one():
+    with (
+        dask.config.set({"otel.scheduler.task-spans": "al"}),
+        pytest.raises(ConfigError, match="did you mean 'all'"),
+    ):
+        load_settings()
 
 
 @pytest.mark.parametrize("value", [[5], {"seconds": 5}, "1e400"])

@@ -122,6 +122,10 @@ def test_calls_are_bounded():
     assert span.events[-1].name == f"e{MAX_CALLS - 1}"
 
 
+#: The task ``x-1`` of the trace ``PARENT`` carries.
+X1 = ids.TaskRef(ids.Carrier(PARENT), "x-1")
+
+
 def ended_spans() -> tuple[EndedSpans, SpanEmitter, InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
@@ -132,9 +136,9 @@ def ended_spans() -> tuple[EndedSpans, SpanEmitter, InMemorySpanExporter]:
 
 def test_ended_spans_are_built_in_the_emitter_under_the_task_span():
     spans, emitter, exporter = ended_spans()
-    spans.submit("get_data", (PARENT, "x-1"), trace.SpanKind.SERVER, (100, 200), {"n": 1}, None)
+    spans.submit("get_data", X1, trace.SpanKind.SERVER, (100, 200), {"n": 1}, None)
     failure = OSError("disk full")
-    spans.submit("spill x", (PARENT, "x-1"), trace.SpanKind.INTERNAL, (300, 400), {}, failure)
+    spans.submit("spill x", X1, trace.SpanKind.INTERNAL, (300, 400), {}, failure)
     assert not exporter.get_finished_spans()  # nothing built by the caller
     assert emitter.flush(10)
     sent, spilled = exporter.get_finished_spans()
@@ -157,10 +161,8 @@ def test_an_ended_span_takes_the_id_and_calls_of_the_span_current_meanwhile():
     spans, emitter, exporter = ended_spans()
     current = DeferredSpan(PARENT)  # what a transfer's rpc spans nested under
     current.set_status(Status(StatusCode.ERROR, "network_failure"))
-    served = [(PARENT, "y-2")]
-    spans.submit(
-        "transfer", (PARENT, "x-1"), trace.SpanKind.CLIENT, (1, 2), {}, None, served, current
-    )
+    served = [ids.TaskRef(ids.Carrier(PARENT), "y-2")]
+    spans.submit("transfer", X1, trace.SpanKind.CLIENT, (1, 2), {}, None, served, current)
     assert emitter.flush(10)
     (transfer,) = exporter.get_finished_spans()
     assert transfer.context.span_id == current.get_span_context().span_id

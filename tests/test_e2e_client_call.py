@@ -33,8 +33,8 @@ def test_instrument_client_with_local_cluster_processes(receiver, tmp_path):
 
     # Workers restarted by the Nanny get the plugin again from the scheduler.
     restarted = receiver.wait_for(
-        lambda r: len(spans := r.spans(name="execute after_restart")) == 2 and spans
+        lambda r: len(spans := r.spans(name="task after_restart")) == 2 and spans
     )
-    before = {i for n, i in services(receiver.spans(name="execute slow_inc"))}
+    before = {i for n, i in services(receiver.spans(name="task slow_inc"))}
     after = {i for n, i in services(restarted)}
     assert len(after) == 2 and not after & before

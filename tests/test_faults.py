@@ -35,7 +35,10 @@ from conftest import (
     start_worker,
 )
 from distributed import Client
+from opentelemetry.trace import StatusCode
 from otlp_receiver import OTLPReceiver, StalledCollector, closed_port
+
+from dask_otel import ids
 
 # The probes below run inside the scheduler and worker processes, which cannot import
 # this module: ship them by value.
@@ -203,7 +206,8 @@ def test_collector_goes_away_comes_back_and_hangs(processes):
             client.wait_for_workers(1, timeout=60)
             probe_all(client)
             work(client, "up")
-            rx.wait_for(lambda r: r.spans(name="execute up") and r.spans(name="task up"))
+            # The workers' task spans, the scheduler's for the task that failed.
+            rx.wait_for(lambda r: r.spans(name="task up") and r.spans(name="task upfail"))
 
             rx.stop()  # the collector goes away: exports fail, retry, give up
             work(client, "gone")
@@ -215,7 +219,7 @@ def test_collector_goes_away_comes_back_and_hangs(processes):
             rx.wait_for(
                 lambda r: (
                     len(r.spans(name="task back")) == 200
-                    and len(r.spans(name="execute back")) == 200
+                    and r.spans(name="task backfail")
                     and [x for x in r.log_records() if "backfail-0" in str(x["body"])]
                     and r.metrics(name="dask.worker.memory")
                     and r.metrics(name="dask.scheduler.tasks")
@@ -271,12 +275,13 @@ def test_graceful_stops_deliver_what_was_recorded(receiver, processes):
         # A client process exports at exit (dask-otel's bounded shutdown, not the SDK's).
         run_client(processes, env, address)
         receiver.wait_for(lambda r: r.spans(name="compute add"))
-        assert not receiver.spans(name="execute kept")  # nothing else sent so far
-        assert not receiver.spans(name="task kept")
+        assert not receiver.spans(name="task kept")  # nothing else sent so far
+        assert not receiver.spans(name="task keptfail")
 
     assert sigterm(worker) < MAX_EXIT_WITH_NANNY  # to the Nanny, which closes its worker
-    receiver.wait_for(lambda r: len(r.spans(name="execute kept")) == 20)
-    worker_ids = processes_of(receiver, "execute kept")
+    receiver.wait_for(lambda r: len(r.spans(name="task kept")) == 20)
+    receiver.wait_for(lambda r: r.spans(name="attempt keptfail"))
+    worker_ids = processes_of(receiver, "task kept")
     assert len(worker_ids) == 1
     failed = receiver.wait_for(
         lambda r: [x for x in r.log_records() if str(x["body"]).startswith("Compute Failed")]
@@ -286,10 +291,11 @@ def test_graceful_stops_deliver_what_was_recorded(receiver, processes):
     durations = receiver.wait_for(lambda r: r.metrics(name="dask.task.duration"))
     assert {p["resource"]["service.instance.id"] for p in durations} == worker_ids
     assert {p["attributes"]["dask.task.prefix"] for p in durations} >= {"kept", "keptfail"}
-    assert not receiver.spans(name="task kept")  # the scheduler still holds its spans
+    # The scheduler still holds its spans: the failed task's, the graphs'.
+    assert not receiver.spans(name="task keptfail")
 
     assert sigterm(scheduler) < MAX_EXIT
-    receiver.wait_for(lambda r: len(r.spans(name="task kept")) == 20)
+    receiver.wait_for(lambda r: r.spans(name="task keptfail") and len(r.spans(name="graph")) >= 3)
     removed = receiver.wait_for(
         lambda r: [x for x in r.log_records() if x["event_name"] == "dask.remove-worker"]
     )
@@ -325,14 +331,18 @@ def test_worker_killed_mid_task_is_a_lost_attempt(telemetry, monkeypatch):
         assert future.result(timeout=120) is None
         flush_emitters(client)
 
-    (span,) = telemetry.spans("task sleepy")
-    assert span.attributes["dask.task.state"] == "memory"
-    assert span.attributes["dask.task.attempts"] == 2
-    workers = span.attributes["dask.task.workers"]
-    last = span.attributes["dask.worker.address"]
-    assert len(workers) == 2 and victim in workers and last in workers and last != victim
-    assert [e.name for e in span.events].count("processing") == 2
-    assert span.status.is_ok
+    # The scheduler reports the lost attempt; the worker that reran it, the task span
+    # (its process exports nowhere here). The scheduler has no task span to emit.
+    (attempt,) = telemetry.spans("attempt sleepy")
+    assert not telemetry.spans("task sleepy")
+    assert attempt.status.status_code == StatusCode.ERROR
+    assert attempt.attributes["dask.worker.address"] == victim
+    assert attempt.attributes["dask.attempt.outcome"] == "worker-died"
+    # Its id is the attempt's (what the dead worker's own records named), its parent the
+    # span of the task's next generation, which the rerun emits.
+    (graph,) = telemetry.spans("graph")
+    assert attempt.context.span_id == ids.task_span_id(graph.context, key)
+    assert attempt.parent.span_id == ids.task_span_id(graph.context, key, 1)
 
     (removed,) = [
         r

@@ -88,6 +88,72 @@ def test_task_span_id_is_a_valid_64_bit_span_id(trace_id):
     assert any(span_id >= 2**63 for span_id in span_ids)
 
 
+def test_each_generation_of_a_task_has_its_own_span_id():
+    """A task's attempts that end without a result move it to a new generation: each has
+    an id of its own; generation 0 is the id of trace model v1."""
+    by_generation = [ids.task_span_id(CARRIER_A, "inc-1", g) for g in range(50)]
+    assert len(set(by_generation)) == 50
+    assert by_generation[0] == ids.task_span_id(CARRIER_A, "inc-1")
+    # No generation of one key names another key's span.
+    others = {ids.task_span_id(CARRIER_A, f"inc-{i}") for i in range(2, 50)}
+    assert not set(by_generation) & others
+
+
+def test_attempt_span_id_from_the_annotation_alone():
+    """What a Nanny (or any process) computes from the annotation the attempt ran with."""
+    carrier = ids.Carrier(CARRIER_A, generation=3)
+    assert ids.attempt_span_id(carrier.encode(), ("x", 1)) == (
+        TRACE_A,
+        ids.task_span_id(CARRIER_A, "('x', 1)", 3),
+    )
+    assert ids.attempt_span_id(None, "x") is None
+    assert ids.attempt_span_id(object(), "x") is None
+
+
+# -- the carrier: encode / parse ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "carrier",
+    [
+        ids.Carrier(CARRIER_A),
+        ids.Carrier(CARRIER_A, generation=7, thinned=True),
+        ids.Carrier(CARRIER_B, partial=True, scheduler_spans=True),
+        ids.Carrier(CARRIER_B, from_client=True),
+        ids.Carrier(CARRIER_A, links=()),
+        ids.Carrier(CARRIER_A, links=(carrier_of(TRACE_B, 5), carrier_of(TRACE_A, 9))),
+    ],
+)
+def test_carrier_round_trip(carrier):
+    back = ids.parse(carrier.encode())
+    assert back is not None
+    assert back.context.trace_id == carrier.context.trace_id
+    assert back.context.span_id == carrier.context.span_id
+    assert back.context.trace_flags == carrier.context.trace_flags
+    assert back._replace(context=carrier.context, links=None) == carrier._replace(links=None)
+    if carrier.links is None:
+        assert back.links is None
+    else:
+        assert [(c.trace_id, c.span_id) for c in back.links] == [
+            (c.trace_id, c.span_id) for c in carrier.links
+        ]
+
+
+def test_a_carrier_without_options_is_a_traceparent():
+    assert ids.Carrier(CARRIER_A).encode() == ids.encode(CARRIER_A)
+
+
+@pytest.mark.parametrize("suffix", [";g=x", ";g=", ";unknown", ";links=zz-1"])
+def test_a_carrier_with_options_not_ours_is_not_a_carrier(suffix):
+    assert ids.parse(ids.encode(CARRIER_A) + suffix) is None
+
+
+def test_next_span_id_is_the_next_generations():
+    carrier = ids.Carrier(CARRIER_A, generation=1)
+    assert carrier.span_id("k") == ids.task_span_id(CARRIER_A, "k", 1)
+    assert carrier.next_span_id("k") == ids.task_span_id(CARRIER_A, "k", 2)
+
+
 # -- encode / decode ------------------------------------------------------------------------
 
 
@@ -154,7 +220,7 @@ def test_task_context_parent_is_the_task_span(flags):
     carrier = SpanContext(
         trace_id=TRACE_A, span_id=0x1234, is_remote=True, trace_flags=TraceFlags(flags)
     )
-    ctx = ids.task_context(carrier, "inc-1")
+    ctx = ids.task_context(ids.TaskRef(ids.Carrier(carrier), "inc-1"))
     parent = trace.get_current_span(ctx).get_span_context()
     assert parent.trace_id == TRACE_A
     assert parent.span_id == ids.task_span_id(carrier, "inc-1")
@@ -175,10 +241,11 @@ def test_task_context_parents_real_spans():
             trace_flags=TraceFlags(TraceFlags.SAMPLED),
         )
         tracer = provider.get_tracer("test")
-        tracer.start_span("child", context=ids.task_context(carrier, "k")).end()
+        task = ids.TaskRef(ids.Carrier(carrier, generation=2), "k")
+        tracer.start_span("child", context=ids.task_context(task)).end()
         (span,) = exporter.get_finished_spans()
         assert span.context.trace_id == TRACE_B
-        assert span.parent.span_id == ids.task_span_id(carrier, "k")
+        assert span.parent.span_id == ids.task_span_id(carrier, "k", 2)
     finally:
         provider.shutdown()
 

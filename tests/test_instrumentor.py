@@ -59,6 +59,5 @@ def test_other_disabled_instrumentations_leave_dask_otel_on(telemetry, monkeypat
         "compute sum",
         "graph",
         "task sum",
-        "execute sum",
         "get_data",  # the client fetching the result
     }

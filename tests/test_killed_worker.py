@@ -1,5 +1,5 @@
 """A task that kills its worker process ends in KilledWorker: an ERROR `task` span that
-names every worker the task died on, with each lost attempt among its events."""
+names every worker the task died on, and an `attempt` span for each lost attempt."""
 
 from __future__ import annotations
 
@@ -35,5 +35,16 @@ def test_killed_worker_task_span(telemetry, monkeypatch):
     assert exc.attributes["exception.type"] == "distributed.scheduler.KilledWorker"
     died_on = exc.attributes["dask.task.workers"]
     assert len(died_on) == 2 and len(set(died_on)) == 2
-    states = [e.name for e in span.events]
-    assert states.count("processing") == 2 and "released" in states
+    # Each lost attempt, as the scheduler saw it go: the first under the second (the
+    # retry), the second under the task's span.
+    first, second = sorted(telemetry.spans("attempt die"), key=lambda s: s.start_time)
+    assert [a.attributes["dask.worker.address"] for a in (first, second)] == list(died_on)
+    for attempt in (first, second):
+        assert attempt.status.status_code is StatusCode.ERROR
+        assert attempt.attributes["dask.attempt.outcome"] == "worker-died"
+    assert first.parent.span_id == second.context.span_id
+    assert second.parent.span_id == span.context.span_id
+    spans = telemetry.spans()
+    ids_ = [(s.context.trace_id, s.context.span_id) for s in spans]
+    assert len(ids_) == len(set(ids_))
+    assert all((s.parent.trace_id, s.parent.span_id) in ids_ for s in spans if s.parent)

@@ -39,7 +39,7 @@ def test_task_log_record_carries_task_and_span(telemetry, cluster_client):
     assert future.result() == 5
     flush_emitters(client)
     (record,) = records(telemetry, lambda r: r.body == "marker 5")
-    (execute,) = telemetry.spans("execute log_marker")
+    (execute,) = telemetry.spans("task log_marker")
     assert record.span_id == execute.context.span_id
     assert record.trace_id == execute.context.trace_id
     assert record.attributes["dask.task.key"] == future.key
@@ -56,7 +56,7 @@ def test_compute_failed_record_is_correlated_and_described(telemetry, cluster_cl
         future.result()
     flush_emitters(client)
     (record,) = records(telemetry, lambda r: str(r.body).startswith("Compute Failed"))
-    (execute,) = telemetry.spans("execute fail")
+    (execute,) = telemetry.spans("attempt fail")
     assert record.severity_text == "ERROR"
     assert (record.trace_id, record.span_id) == (
         execute.context.trace_id,

@@ -110,7 +110,7 @@ def test_exception_messages_are_redacted_everywhere(telemetry, collect):
         assert client.submit(log_failure, 2).result() == 2
         client.run_on_scheduler(publish_error_event)
         flush_emitters(client)
-    spans = telemetry.spans("task fail_with_secret") + telemetry.spans("execute fail_with_secret")
+    spans = telemetry.spans("task fail_with_secret") + telemetry.spans("attempt fail_with_secret")
     assert len(spans) == 2
     for span in spans:
         (event,) = [e for e in span.events if e.name == "exception"]
@@ -418,5 +418,5 @@ def test_dask_otel_opens_no_listening_port(receiver, processes):
             *client.run(lambda dask_worker: dask_worker.http_server.port).values(),
         }
         # dask-otel is active in both: their spans arrived.
-        receiver.wait_for(lambda r: r.spans("task sum") and r.spans("execute sum"))
+        receiver.wait_for(lambda r: r.spans("graph") and r.spans("task sum"))
         assert listening_ports(scheduler.pid) | listening_ports(worker.pid) == dask_ports

@@ -65,50 +65,64 @@ def only(spans, name: str):
 
 
 def task_spans_by_key(spans) -> dict[str, object]:
-    out = {}
+    """The task span of each key (of its latest generation, if it was computed again)."""
+    out: dict[tuple[str, int], object] = {}
     for span in spans:
         if span.name.startswith("task "):
-            key = span.attributes["dask.task.key"]
+            key = (span.attributes["dask.task.key"], span.attributes.get("dask.task.generation", 0))
             assert key not in out, f"two task spans for {key}"
             out[key] = span
-    return out
+    return {key: span for (key, _), span in sorted(out.items(), key=lambda kv: kv[0][1])}
+
+
+def graph_of(spans, trace_id):
+    """The graph span of a trace: the context every task of it carries."""
+    (graph,) = [
+        s
+        for s in spans
+        if s.context.trace_id == trace_id and s.name.split(" ")[0] == "graph"  # or `graph <name>`
+    ]
+    return graph
 
 
 def carrier_of(spans, trace_id):
-    """The context tasks of a trace carry: the client's compute span, else the graph's."""
-    in_trace = [s for s in spans if s.context.trace_id == trace_id]
-    (root,) = [s for s in in_trace if s.name.startswith("compute ")] or [
-        s
-        for s in in_trace
-        if s.name.split(" ")[0] == "graph"  # `graph <name>` as a root
-    ]
-    return root.context
+    return graph_of(spans, trace_id).context
 
 
 def assert_task_ids_line_up(spans) -> None:
-    """Each task span has the id derived from its key; each execute span is its child."""
+    """Each task span has the id derived from (graph, key, generation) and the graph as
+    parent; each attempt span has its generation's id and, as parent, the span of the
+    next generation of the same task (a retry, or the task span)."""
     tasks = task_spans_by_key(spans)
-    executes = [s for s in spans if s.name.startswith("execute ")]
-    assert executes
-    for span in tasks.values():
+    assert tasks
+    by_id = {(s.context.trace_id, s.context.span_id): s for s in spans}
+    for span in spans:
+        if not span.name.startswith(("task ", "attempt ")):
+            continue
         key = span.attributes["dask.task.key"]
         carrier = carrier_of(spans, span.context.trace_id)
-        assert span.context.span_id == ids.task_span_id(carrier, key)
-    for span in executes:
-        task = tasks[span.attributes["dask.task.key"]]
-        assert span.context.trace_id == task.context.trace_id
-        assert span.parent is not None
-        assert span.parent.span_id == task.context.span_id
-        assert span.name == "execute " + task.attributes["dask.task.prefix"]
-        assert task.name == "task " + task.attributes["dask.task.prefix"]
+        generation = span.attributes.get("dask.task.generation", 0)
+        assert span.context.span_id == ids.task_span_id(carrier, key, generation), span.name
+        assert span.name.split(" ", 1)[1] == span.attributes["dask.task.prefix"]
+        if span.name.startswith("task "):
+            assert span.parent.span_id == carrier.span_id
+            continue
+        parent = by_id[span.context.trace_id, span.parent.span_id]
+        assert parent.attributes["dask.task.key"] == key
+        assert parent.context.span_id == ids.task_span_id(carrier, key, generation + 1)
+        while parent.name.startswith("attempt "):  # retries, then the task's span
+            parent = by_id[parent.context.trace_id, parent.parent.span_id]
+        assert parent.name.startswith("task ") and parent.attributes["dask.task.key"] == key
 
 
 def assert_no_orphans(spans) -> None:
-    present = {(s.context.trace_id, s.context.span_id) for s in spans}
+    """Every parent resolves inside its trace, and no span id is used twice in one."""
+    present = [(s.context.trace_id, s.context.span_id) for s in spans]
+    assert len(present) == len(set(present)), "a span id used twice"
     for span in spans:
         if span.parent is not None:
             assert span.parent.trace_id == span.context.trace_id
-            assert (span.parent.trace_id, span.parent.span_id) in present, span.name
+            assert (span.parent.trace_id, span.parent.span_id) in set(present), span.name
 
 
 def scheduler_plugins(client: Client) -> list[str]:
@@ -140,9 +154,10 @@ def test_one_trace_per_submission(telemetry):
         sorted(s.name for s in trace_spans if s.name not in moving)
         for trace_spans in traces.values()
     )
+    # One span per task, from the worker that computed it; none from the scheduler.
     assert shapes == [
-        ["compute inc", "execute inc", "execute inc", "execute inc", "graph"] + ["task inc"] * 3,
-        ["compute sum", "execute sum", "graph", "task sum"],
+        ["compute inc", "graph"] + ["task inc"] * 3,
+        ["compute sum", "graph", "task sum"],
     ]
 
     for trace_spans in traces.values():
@@ -153,33 +168,23 @@ def test_one_trace_per_submission(telemetry):
         assert graph.parent is not None
         assert graph.parent.span_id == compute.context.span_id
         assert graph.kind == SpanKind.CONSUMER
-        assert graph.attributes["dask.graph.tasks"] == len(
-            [s for s in trace_spans if s.name.startswith("task ")]
-        )
-        for task in (s for s in trace_spans if s.name.startswith("task ")):
+        tasks = [s for s in trace_spans if s.name.startswith("task ")]
+        assert graph.attributes["dask.graph.tasks"] == len(tasks)
+        # Counts by final state, aggregated by the scheduler.
+        assert graph.attributes["dask.graph.memory"] == len(tasks)
+        assert graph.attributes["dask.graph.erred"] == 0
+        assert graph.attributes["dask.graph.forgotten"] == 0
+        for task in tasks:
             assert task.parent.span_id == graph.context.span_id
-            assert task.attributes["dask.task.state"] == "memory"
-            assert task.attributes["dask.task.attempts"] == 1
             assert task.attributes["dask.task.nbytes"] > 0
             assert task.attributes["dask.worker.address"].startswith("inproc://")
-            assert "dask.task.dropped_events" not in task.attributes
-            # Between submission (its start) and the final state (its end): processing
-            # (queued first, if the workers were saturated).
-            assert [e.name for e in task.events if e.name != "queued"] == ["processing"]
+            assert isinstance(task.attributes["thread.id"], int)
+            assert "dask.task.generation" not in task.attributes
             assert task.status.status_code == StatusCode.UNSET
-            # The graph span covers its tasks; the task span covers its execution.
+            # The graph span covers its tasks; a task span covers its execution.
             assert graph.start_time <= task.start_time <= task.end_time <= graph.end_time
-            (execute,) = [
-                s
-                for s in trace_spans
-                if s.name.startswith("execute ")
-                and s.attributes["dask.task.key"] == task.attributes["dask.task.key"]
-            ]
-            assert task.start_time <= execute.start_time <= execute.end_time <= task.end_time
-            assert (
-                execute.attributes["dask.worker.address"] == task.attributes["dask.worker.address"]
-            )
-            assert execute.status.status_code == StatusCode.UNSET
+            compute_ns = task.attributes["dask.task.compute_seconds"] * 1e9
+            assert 0 <= compute_ns <= task.end_time - task.start_time
 
     assert {s.attributes["dask.task.key"] for s in spans if s.name.startswith("task ")} == set(keys)
     assert_task_ids_line_up(spans)
@@ -202,12 +207,10 @@ def test_tuple_key_of_a_submitted_task(telemetry):
 
     spans = telemetry.spans()
     task = only(spans, "task x")
-    execute = only(spans, "execute x")
     assert task.attributes["dask.task.key"] == "('x', 1)"
-    assert execute.attributes["dask.task.key"] == "('x', 1)"
     carrier = carrier_of(spans, task.context.trace_id)
     assert task.context.span_id == ids.task_span_id(carrier, "('x', 1)")
-    assert execute.parent.span_id == task.context.span_id
+    assert task.parent.span_id == carrier.span_id
     assert_no_orphans(spans)
 
 
@@ -232,8 +235,7 @@ def test_tuple_keys_of_a_dask_array(telemetry):
         assert all(isinstance(i, int) for i in indices)
         assert tasks[key].name == "task " + tasks[key].attributes["dask.task.prefix"]
         assert name not in tasks[key].name
-    executes = [s for s in spans if s.name.startswith("execute ")]
-    assert {s.attributes["dask.task.key"] for s in executes} <= set(tasks)
+    assert not [s for s in spans if s.name.startswith(("execute ", "attempt "))]
     assert_task_ids_line_up(spans)
     assert_no_orphans(spans)
 
@@ -249,35 +251,40 @@ def test_failure_with_retries(telemetry):
         flush_emitters(client)
 
     spans = telemetry.spans()
-    executes = telemetry.spans("execute fail")
-    assert len(executes) == 2
+    attempts = telemetry.spans("attempt fail")
+    assert len(attempts) == 2
+    # No worker finished it: its task span is the scheduler's.
     task = only(spans, "task fail")
-    for execute in executes:
-        assert execute.status.status_code == StatusCode.ERROR
-        assert execute.parent.span_id == task.context.span_id
-        (event,) = [e for e in execute.events if e.name == "exception"]
+    assert "dask.worker.name" not in task.attributes
+    for attempt in attempts:
+        assert attempt.status.status_code == StatusCode.ERROR
+        (event,) = [e for e in attempt.events if e.name == "exception"]
         # Within the attempt, though its span is built later in the emitter thread.
-        assert execute.start_time <= event.timestamp <= execute.end_time
+        assert attempt.start_time <= event.timestamp <= attempt.end_time
         # The worker reads its own exception: builtin type name, str() as the message.
         assert event.attributes["exception.type"] == "ValueError"
         assert event.attributes["exception.message"] == "boom 1"
         stacktrace = event.attributes["exception.stacktrace"]
         assert stacktrace.startswith("Traceback (most recent call last):")
         assert "in fail" in stacktrace and stacktrace.endswith("ValueError: boom 1")
-        assert execute.attributes["error.type"] == "ValueError"
+        assert attempt.attributes["error.type"] == "ValueError"
+    # The first attempt under the retry, the retry under the task's span.
+    first, retry = sorted(attempts, key=lambda s: s.start_time)
+    assert first.parent.span_id == retry.context.span_id
+    assert retry.parent.span_id == task.context.span_id
+    assert [s.attributes.get("dask.task.generation", 0) for s in (first, retry)] == [0, 1]
     assert task.status.status_code == StatusCode.ERROR
     assert "ValueError" in task.status.description
     assert task.attributes["dask.task.attempts"] == 2
     assert task.attributes["dask.task.state"] == "erred"
-    event_names = [e.name for e in task.events]
-    assert event_names[:2] == ["processing", "released"]  # the retry: back to waiting
-    assert event_names.count("processing") == 2
+    assert task.attributes["dask.task.generation"] == 2
+    assert task.start_time <= first.start_time and retry.end_time <= task.end_time
     (event,) = [e for e in task.events if e.name == "exception"]
     assert event.attributes["exception.type"].endswith("ValueError")
     assert "boom 1" in event.attributes["exception.message"]
-    # Both attempts' workers are named (two workers, the retry may land on either).
-    workers = {e.attributes["dask.worker.address"] for e in executes}
-    assert set(task.attributes.get("dask.task.workers", workers)) == workers
+    # The last attempt's worker is named (two workers, the retry may land on either).
+    workers = {e.attributes["dask.worker.address"] for e in attempts}
+    assert set(task.attributes["dask.task.workers"]) <= workers
     assert_no_orphans(spans)
     assert_task_ids_line_up(spans)
 
@@ -295,7 +302,8 @@ def test_dependent_of_a_failed_task_is_erred_and_names_the_culprit(telemetry):
     assert task.attributes["dask.task.state"] == "erred"
     assert task.attributes["dask.task.attempts"] == 0
     assert task.status.status_code == StatusCode.ERROR
-    assert not telemetry.spans("execute inc")  # it never ran
+    assert not telemetry.spans("attempt inc")  # it never ran
+    assert_no_orphans(telemetry.spans())
     assert task.attributes["dask.task.erred_by"] == bad_key
     assert "exception" not in [e.name for e in task.events]
     assert task.status.description == "dependency erred"
@@ -348,7 +356,7 @@ USER_CODE: dict[str, object] = {}
 
 def work(x):
     logging.getLogger("user").warning("working on %s", x)
-    # The task's own span, as user code finds it: what is done to it shows on `execute`.
+    # The task's own span, as user code finds it: what is done to it shows on `task`.
     task_span = trace.get_current_span()
     task_span.set_attribute("user.rows", x)
     task_span.add_event("user.checkpoint", {"user.step": 1})
@@ -367,7 +375,7 @@ def test_user_span_and_log_inside_a_task(telemetry):
         USER_CODE.clear()
 
     spans = telemetry.spans()
-    execute = only(spans, "execute work")
+    execute = only(spans, "task work")
     user = only(spans, "user-span")
     assert user.parent is not None
     assert user.parent.span_id == execute.context.span_id
@@ -426,7 +434,7 @@ def test_uninstrumented_client_gets_a_root_graph_span(telemetry):
         for span in trace_spans:
             if span.name.startswith("task "):
                 assert span.parent.span_id == graph.context.span_id
-    assert len(telemetry.spans("execute")) == 4
+    assert len(telemetry.spans("task ")) == 4
     assert_task_ids_line_up(spans)
     assert_no_orphans(spans)
     assert all(s.attributes["dask.cluster.id"] == cluster_id for s in spans)
@@ -479,8 +487,71 @@ def test_disabled_client_with_an_enabled_cluster(telemetry):
 # -- (i) caps -------------------------------------------------------------------------------
 
 
-def test_max_events_and_max_links(telemetry):
-    settings = {"otel.task.max-events": 2, "otel.task.max-links": 2}
+def test_max_links(telemetry):
+    """The worker's task span links to at most ``max-links`` dependencies' task spans."""
+    with dask.config.set({"otel.task.max-links": 2}), cluster_and_client() as (_, client):
+        parts = [dask.delayed(inc)(i) for i in range(5)]
+        assert client.compute(dask.delayed(sum)(parts)).result() == 15
+        flush_emitters(client)
+    total = only(telemetry.spans(), "task sum")
+    assert len(total.links) == 2
+    inputs = {s.context.span_id for s in telemetry.spans("task inc")}
+    assert {link.context.span_id for link in total.links} <= inputs
+
+    telemetry.span_exporter.clear()
+    with dask.config.set({"otel.task.max-links": 0}), cluster_and_client() as (_, client):
+        assert client.submit(sum, client.map(inc, range(3))).result() == 6
+        flush_emitters(client)
+    assert telemetry.spans("task sum")
+    assert not any(s.links for s in telemetry.spans("task"))
+
+
+# -- (i') otel.scheduler.task-spans: all (trace model v1) -------------------------------------
+
+ALL_TASK_SPANS = {"otel.scheduler.task-spans": "all"}
+
+
+def test_scheduler_task_spans_all(telemetry):
+    """Opt-in: the scheduler emits every task's span, with its state changes as events,
+    and the worker an ``execute`` span under it per attempt."""
+    with dask.config.set(ALL_TASK_SPANS), cluster_and_client() as (_, client):
+        assert client.submit(sum, client.map(inc, range(3))).result() == 6
+        with pytest.raises(ValueError):
+            client.submit(fail, 1, retries=1).result()
+        flush_emitters(client)
+    spans = telemetry.spans()
+    moving = {"transfer", "get_data", "rpc get_data"}
+    expected = [
+        *("compute inc", "graph", "task inc", "task inc", "task inc"),
+        *("execute inc", "execute inc", "execute inc"),
+        *("compute sum", "graph", "task sum", "execute sum"),
+        *("compute fail", "graph", "task fail", "execute fail", "execute fail"),
+    ]
+    assert sorted(s.name for s in spans if s.name not in moving) == sorted(expected)
+    tasks = task_spans_by_key(spans)
+    for execute in (s for s in spans if s.name.startswith("execute ")):
+        task = tasks[execute.attributes["dask.task.key"]]
+        assert execute.parent.span_id == task.context.span_id
+        carrier = carrier_of(spans, task.context.trace_id)
+        assert task.context.span_id == ids.task_span_id(carrier, task.attributes["dask.task.key"])
+        assert task.parent.span_id == carrier.span_id
+    for task in telemetry.spans("task inc"):
+        assert task.attributes["dask.task.state"] == "memory"
+        assert task.attributes["dask.task.attempts"] == 1
+        assert [e.name for e in task.events if e.name != "queued"] == ["processing"]
+    failed = only(spans, "task fail")
+    assert failed.attributes["dask.task.attempts"] == 2
+    assert [e.name for e in failed.events][:2] == ["processing", "released"]
+    assert {s.status.status_code for s in telemetry.spans("execute fail")} == {StatusCode.ERROR}
+    (total,) = telemetry.spans("task sum")
+    assert {link.context.span_id for link in total.links} == {
+        s.context.span_id for s in telemetry.spans("task inc")
+    }
+    assert_no_orphans(spans)
+
+
+def test_max_events_and_max_links_of_scheduler_task_spans(telemetry):
+    settings = {**ALL_TASK_SPANS, "otel.task.max-events": 2, "otel.task.max-links": 2}
     with dask.config.set(settings), cluster_and_client() as (_, client):
         futures = client.map(inc, range(5))
         assert client.submit(sum, futures).result() == 15
@@ -504,8 +575,8 @@ def test_max_events_and_max_links(telemetry):
     assert {link.context.span_id for link in total.links} <= inputs
 
 
-def test_zero_links_and_events(telemetry):
-    settings = {"otel.task.max-events": 0, "otel.task.max-links": 0}
+def test_zero_links_and_events_of_scheduler_task_spans(telemetry):
+    settings = {**ALL_TASK_SPANS, "otel.task.max-events": 0, "otel.task.max-links": 0}
     with dask.config.set(settings), cluster_and_client() as (_, client):
         assert client.submit(sum, client.map(inc, range(3))).result() == 6
         flush_emitters(client)
@@ -596,7 +667,7 @@ def test_instrument_client_twice_then_uninstrument(telemetry):
         flush_emitters(client)
         names = sorted(s.name for s in telemetry.spans())
         # get_data: the client fetching the result from the worker.
-        assert names == ["compute inc", "execute inc", "get_data", "graph", "task inc"]
+        assert names == ["compute inc", "get_data", "graph", "task inc"]
 
         dask_otel.uninstrument(client)
         assert "dask-otel" not in scheduler_plugins(client)
@@ -604,11 +675,11 @@ def test_instrument_client_twice_then_uninstrument(telemetry):
         assert not any(client.run(lambda dask_worker: "execute" in vars(dask_worker)).values())
 
         assert client.submit(inc, 2).result() == 3
-        assert len(telemetry.spans()) == 5  # nothing new
+        assert len(telemetry.spans()) == 4  # nothing new
 
 
-def test_execute_span_is_current_in_the_task_thread(telemetry):
-    """The execute span is current in the task's thread and not after it."""
+def test_task_span_is_current_in_the_task_thread(telemetry):
+    """The task span is current in the task's thread and not after it."""
 
     def current_span_id(_):
         return trace.get_current_span().get_span_context().span_id
@@ -616,15 +687,13 @@ def test_execute_span_is_current_in_the_task_thread(telemetry):
     with cluster_and_client() as (_, client):
         first, second = client.gather(client.map(current_span_id, [1, 2]))
         flush_emitters(client)
-    executes = sorted(
-        telemetry.spans("execute current_span_id"), key=lambda s: s.attributes["dask.task.key"]
-    )
-    assert len(executes) == 2
-    assert {first, second} == {s.context.span_id for s in executes}
+    tasks = telemetry.spans("task current_span_id")
+    assert len(tasks) == 2
+    assert {first, second} == {s.context.span_id for s in tasks}
     assert trace.get_current_span().get_span_context().span_id == 0
 
 
-def test_execute_span_names_its_thread_whatever_the_task_sets(telemetry):
+def test_task_span_names_its_thread_whatever_the_task_sets(telemetry):
     """``thread.id`` is the thread the attempt ran in; the task's own ``set_attribute``
     calls land on the span, but cannot overwrite what Dask knows."""
     import threading
@@ -638,9 +707,9 @@ def test_execute_span_names_its_thread_whatever_the_task_sets(telemetry):
     with cluster_and_client() as (_, client):
         thread = client.submit(tag, 1).result()
         flush_emitters(client)
-    (execute,) = telemetry.spans("execute tag")
-    assert execute.attributes["thread.id"] == thread
-    assert execute.attributes["user.tag"] == "mine"
+    (task,) = telemetry.spans("task tag")
+    assert task.attributes["thread.id"] == thread
+    assert task.attributes["user.tag"] == "mine"
 
 
 RESCHEDULED: list[int] = []
@@ -660,13 +729,15 @@ def test_a_rescheduled_attempt_says_so_and_is_no_error(telemetry):
     with cluster_and_client() as (_, client):
         assert client.submit(reschedule_once, 7).result() == 7
         flush_emitters(client)
-    executes = sorted(telemetry.spans("execute reschedule_once"), key=lambda s: s.start_time)
-    assert len(executes) == 2
-    assert executes[0].attributes["dask.task.rescheduled"] is True
-    assert "dask.task.rescheduled" not in executes[1].attributes
-    assert {s.status.status_code for s in executes} == {StatusCode.UNSET}
+    (attempt,) = telemetry.spans("attempt reschedule_once")
     (task,) = telemetry.spans("task reschedule_once")
-    assert task.attributes["dask.task.attempts"] == 2
+    assert attempt.attributes["dask.task.rescheduled"] is True
+    assert "dask.task.rescheduled" not in task.attributes
+    assert {s.status.status_code for s in (attempt, task)} == {StatusCode.UNSET}
+    assert attempt.parent.span_id == task.context.span_id
+    assert task.attributes["dask.task.generation"] == 1
+    assert_task_ids_line_up(telemetry.spans())
+    assert_no_orphans(telemetry.spans())
 
 
 # -- thinning ---------------------------------------------------------------------------
@@ -696,9 +767,9 @@ def test_large_graphs_are_thinned_deterministically(telemetry):
     expected = {k for k in keys if ids.keep_task(carrier, k, 0.25)}
     assert 0 < len(expected) < 40
     tasks = {s.attributes["dask.task.key"] for s in telemetry.spans("task inc")}
-    executes = {s.attributes["dask.task.key"] for s in telemetry.spans("execute inc")}
-    assert tasks == executes == expected
+    assert tasks == expected
     assert_task_ids_line_up(telemetry.spans())
+    assert_no_orphans(telemetry.spans())
 
 
 def test_excluded_prefixes_get_no_task_spans(telemetry):
@@ -708,8 +779,8 @@ def test_excluded_prefixes_get_no_task_spans(telemetry):
     ):
         assert client.submit(sum, client.map(inc, range(3))).result() == 6
         flush_emitters(client)
-    assert not telemetry.spans("task inc") and not telemetry.spans("execute inc")
-    assert telemetry.spans("task sum") and telemetry.spans("execute sum")
+    assert not telemetry.spans("task inc") and not telemetry.spans("attempt inc")
+    assert telemetry.spans("task sum")
 
 
 def double(x):
@@ -726,8 +797,8 @@ def test_the_span_budget_goes_to_the_tasks_the_prefix_filters_keep(telemetry):
         flush_emitters(client)
     (graph_span,) = telemetry.spans("graph")
     assert graph_span.attributes["dask.graph.tasks"] == 40
-    assert len(telemetry.spans("task inc")) == len(telemetry.spans("execute inc")) == 10
-    assert not telemetry.spans("task double") and not telemetry.spans("execute double")
+    assert len(telemetry.spans("task inc")) == 10
+    assert not telemetry.spans("task double") and not telemetry.spans("attempt double")
 
 
 def fail_once(marker: str) -> str:
@@ -742,17 +813,18 @@ def test_a_thinned_task_that_failed_once_keeps_the_parent_of_its_failed_attempt(
     telemetry, tmp_path
 ):
     """The worker reports the failed attempt of a thinned task; the task succeeds on its
-    retry, and its ``task`` span is kept all the same: no ``execute`` span is orphaned."""
+    retry, whose worker emits the ``task`` span all the same: no ``attempt`` is orphaned."""
     with dask.config.set({"otel.task.sample-ratio": 0.0}), cluster_and_client() as (_, client):
         marker = str(tmp_path / "failed-once")
         assert client.submit(fail_once, marker, retries=1).result() == "second attempt"
         flush_emitters(client)
     (task,) = telemetry.spans("task fail_once")
-    assert task.attributes["dask.task.state"] == "memory"
-    assert task.attributes["dask.task.attempts"] == 2
-    (execute,) = telemetry.spans("execute fail_once")  # the failed attempt only
-    assert execute.status.status_code == StatusCode.ERROR
-    assert execute.parent.span_id == task.context.span_id
+    assert task.attributes["dask.task.generation"] == 1
+    assert task.status.status_code == StatusCode.UNSET
+    (attempt,) = telemetry.spans("attempt fail_once")  # the failed attempt
+    assert attempt.status.status_code == StatusCode.ERROR
+    assert attempt.parent.span_id == task.context.span_id
+    assert_no_orphans(telemetry.spans())
 
 
 def test_thinned_tasks_that_fail_or_are_slow_are_kept(telemetry):
@@ -764,14 +836,15 @@ def test_thinned_tasks_that_fail_or_are_slow_are_kept(telemetry):
         assert client.gather(client.map(inc, range(5))) == [1, 2, 3, 4, 5]
         flush_emitters(client)
 
-    assert not telemetry.spans("task inc") and not telemetry.spans("execute inc")
+    assert not telemetry.spans("task inc") and not telemetry.spans("attempt inc")
     (failed,) = telemetry.spans("task fail")
     assert failed.status.status_code == StatusCode.ERROR
-    assert len(telemetry.spans("execute fail")) == 2
-    (slow_task,) = telemetry.spans("task slow")
-    (slow_execute,) = telemetry.spans("execute slow")
-    assert slow_execute.parent.span_id == slow_task.context.span_id
-    assert slow_execute.end_time - slow_execute.start_time >= 0.25e9
+    assert len(telemetry.spans("attempt fail")) == 2
+    (slow_task,) = telemetry.spans("task slow")  # its worker's, timed by Dask
+    assert slow_task.end_time - slow_task.start_time >= 0.25e9
+    assert not telemetry.spans("attempt slow")
+    assert_task_ids_line_up(telemetry.spans())
+    assert_no_orphans(telemetry.spans())
 
 
 # -- transfers ------------------------------------------------------------------------------

@@ -24,6 +24,14 @@ def orphans(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
+def duplicates(spans: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(trace id, span id) pairs that more than one span uses."""
+    seen: dict[tuple[str, str], int] = defaultdict(int)
+    for s in spans:
+        seen[s["trace_id"], s["span_id"]] += 1
+    return [pair for pair, n in seen.items() if n > 1]
+
+
 def trace_of(spans: list[dict[str, Any]], name: str, also: str) -> list[dict[str, Any]]:
     """All spans of the one trace that holds spans called ``name`` and ``also``."""
     traces = by_trace(spans).values()
@@ -56,11 +64,9 @@ def check_workload_telemetry(
         "compute slow_inc": 1 if client_traced else 0,
         **graphs,
         "task slow_inc": 8,
-        "execute slow_inc": 8,
         "task log_marker": 1,
-        "execute log_marker": 1,
         "task fail": 1,
-        "execute fail": 2,
+        "attempt fail": 2,
     }
     rx.wait_for(lambda r: all(len(r.spans(name=n)) >= k for n, k in expected.items()))
     spans = rx.spans()
@@ -68,37 +74,42 @@ def check_workload_telemetry(
     mapped = trace_of(spans, graph, "task slow_inc")
     # get_data: the client gathering results from the workers, in the same trace.
     names = sorted({s["name"] for s in mapped} - {"get_data", "transfer"})
-    expected = ["execute slow_inc", graph, "task slow_inc"]
+    expected = [graph, "task slow_inc"]
     assert names == (["compute slow_inc", *expected] if client_traced else expected), names
-    assert not orphans(mapped)
+    assert not orphans(mapped) and not duplicates(mapped)
     assert {name for name, _ in services(mapped)} == set(roles)
-    workers = {
-        s["resource"]["service.instance.id"] for s in mapped if s["name"].startswith("execute")
-    }
+    tasks = [s for s in mapped if s["name"] == "task slow_inc"]
+    # Each task's span comes from the worker that computed it.
+    workers = {s["resource"]["service.instance.id"] for s in tasks}
     assert len(workers) == 2
+    assert {s["resource"]["service.name"] for s in tasks} <= roles - {"dask-scheduler"}
     cluster_ids = {s["attributes"].get("dask.cluster.id") for s in mapped}
     assert len(cluster_ids) == 1 and next(iter(cluster_ids)).startswith("Scheduler-")
-    for task in (s for s in mapped if s["name"] == "task slow_inc"):
-        assert [e["name"] for e in task["events"]][-1:] == ["processing"]
-        assert task["attributes"]["dask.task.state"] == "memory"
+    for task in tasks:
+        assert task["attributes"]["dask.task.nbytes"] > 0
+        assert task["attributes"]["dask.worker.address"]
 
     # retries=1: two failed attempts on workers, one ERROR task span on the scheduler.
     failed = trace_of(spans, "task fail", "task fail")
-    executes = [s for s in failed if s["name"] == "execute fail"]
-    assert len(executes) == 2 and all(s["status_code"] == 2 for s in executes)
+    attempts = [s for s in failed if s["name"] == "attempt fail"]
+    assert len(attempts) == 2 and all(s["status_code"] == 2 for s in attempts)
+    for attempt in attempts:
+        (exc,) = [e for e in attempt["events"] if e["name"] == "exception"]
+        assert exc["attributes"]["exception.type"] == "ValueError"
     (task,) = [s for s in failed if s["name"] == "task fail"]
     assert task["status_code"] == 2 and task["attributes"]["dask.task.attempts"] == 2
+    assert task["resource"]["service.name"] in roles - {"dask-worker"}  # the scheduler's
     (exc,) = [e for e in task["events"] if e["name"] == "exception"]
     assert exc["attributes"]["exception.type"] == "ValueError"
-    assert not orphans(failed)
+    assert not orphans(failed) and not duplicates(failed)
 
-    # A log record written inside a task carries that task's execute span.
+    # A log record written inside a task carries that task's span.
     records = rx.wait_for(
         lambda r: [x for x in r.log_records() if "marker-from-task 7" in str(x["body"])]
     )
-    (execute,) = rx.spans(name="execute log_marker")
-    assert records[0]["span_id"] == execute["span_id"]
-    assert records[0]["trace_id"] == execute["trace_id"]
+    (marked,) = rx.spans(name="task log_marker")
+    assert records[0]["span_id"] == marked["span_id"]
+    assert records[0]["trace_id"] == marked["trace_id"]
 
     # The worker's metric pipeline works: a counter recorded inside a task arrives.
     points = rx.wait_for(lambda r: r.metrics(name="user.marker"))
@@ -113,10 +124,10 @@ def check_workload_telemetry(
 
     failed_records = rx.wait_for(compute_failed)
     assert len(failed_records) == 2  # one per attempt, none twice
-    assert {x["span_id"] for x in failed_records} == {s["span_id"] for s in executes}
+    assert {x["span_id"] for x in failed_records} == {s["span_id"] for s in attempts}
     for record in failed_records:
         assert record["attributes"]["exception.type"] == "ValueError"
-        assert record["attributes"]["dask.task.key"] == executes[0]["attributes"]["dask.task.key"]
+        assert record["attributes"]["dask.task.key"] == attempts[0]["attributes"]["dask.task.key"]
         assert record["attributes"]["dask.cluster.id"] == next(iter(cluster_ids))
 
     # Metrics from the scheduler and from both workers, stamped with the same identity.
