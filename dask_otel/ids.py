@@ -245,7 +245,13 @@ class TaskRef(NamedTuple):
 def traced_task(annotations: dict | None, key: Any) -> TaskRef | None:
     """The :class:`TaskRef` of a task whose spans are recorded (from a worker's
     ``TaskState.annotations``), else None."""
-    carrier = parse(annotations.get(ANNOTATION)) if annotations else None
+    return task_ref(annotations.get(ANNOTATION) if annotations else None, key)
+
+
+def task_ref(annotation: object, key: Any) -> TaskRef | None:
+    """The :class:`TaskRef` of a task whose ``otel`` annotation is ``annotation`` if its
+    spans are recorded, else None."""
+    carrier = parse(annotation)
     if carrier is None or not carrier.context.trace_flags.sampled:
         return None
     return TaskRef(carrier, key_to_str(key))

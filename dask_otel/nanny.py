@@ -408,7 +408,11 @@ class DeathRecord:
             died["dask.task.unreported"] = unreported
         if attempts:
             died["dask.task.keys"] = [ids.cap(a.key, self.limit) for a in attempts]
-            traces = {f"{c.trace_id:032x}" for c in map(_carrier, attempts) if c is not None}
+            traces = {
+                f"{c.carrier.context.trace_id:032x}"
+                for c in map(_carrier, attempts)
+                if c is not None
+            }
             if traces:
                 died["dask.trace_ids"] = sorted(traces)
         otel_logger.emit(
@@ -444,7 +448,7 @@ class DeathRecord:
         if carrier is not None:
             span = tracer.start_span(
                 f"died {task['dask.task.prefix']}",
-                context=ids.task_context(carrier, attempt.key),
+                context=ids.task_context(carrier),
                 start_time=attempt.start_ns,
                 attributes={**attributes, **task},
             )
@@ -558,9 +562,10 @@ class DeathRecord:
 _NO_SPAN = trace.set_span_in_context(trace.INVALID_SPAN)
 
 
-def _carrier(attempt: flight.Attempt) -> trace.SpanContext | None:
-    carrier = ids.decode(attempt.annotation)
-    return carrier if carrier is not None and carrier.trace_flags.sampled else None
+def _carrier(attempt: flight.Attempt) -> ids.TaskRef | None:
+    """The attempt's task, if traced: the attempt's span (the scheduler's lost ``attempt``
+    span) has the id of the generation its annotation names."""
+    return ids.task_ref(attempt.annotation, attempt.key)
 
 
 def _line(entry: tuple, limit: int) -> str:

@@ -733,7 +733,7 @@ def _dependency_links(dependencies: Iterable[tuple[Any, Any]]) -> list[Link]:
     """Links to the ``task`` spans of dependencies that dask-otel traced."""
     links = []
     for key, annotation in dependencies:
-        ref = ids.traced_task({ids.ANNOTATION: annotation}, key)
+        ref = ids.task_ref(annotation, key)
         if ref is not None:  # else no span to link: scattered data, untraced, thinned
             links.append(ids.task_link(ref, "dependency"))
     return links

@@ -137,7 +137,9 @@ class Summary:
                     self.erred_dependents += 1
                 elif len(self.failures) < MAX_ROWS:
                     self._add_failure(span, attributes, key)
-        elif operation == "execute":
+        if operation == "execute" or "dask.task.compute_seconds" in attributes:
+            # An attempt as its worker timed it (`task`/`attempt`; `execute` with the
+            # scheduler's task spans).
             entry = ((end - start) / 1e9, name, key, str(attributes.get("dask.worker.address")))
             if len(self.slowest) < 5:
                 heapq.heappush(self.slowest, entry)

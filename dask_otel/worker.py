@@ -309,8 +309,9 @@ class _Attempt:
         self.thread: int | None = None
         #: The worker's state of the task at the end (``cancelled``: released meanwhile).
         self.state: str | None = None
-        #: Its dependencies (worker ``TaskState``s, holding no data), for links.
-        self.dependencies: tuple[Any, ...] = ()
+        #: (key, annotation) of its first dependencies, for links (no ``TaskState``: its
+        #: ``run_spec`` would keep the dependency's arguments alive).
+        self.dependencies: tuple[tuple[Any, Any], ...] = ()
         #: ``success``, ``error`` or ``rescheduled`` (None: something else, e.g. cancelled).
         self.outcome: str | None = None
         #: Dask's own (start, stop) of the run, in seconds since the epoch.
@@ -412,7 +413,8 @@ class ExecuteTracer(_InstancePatch):
                 attempt.annotation = ts.annotations.get(ids.ANNOTATION) if ts.annotations else None
                 if attempt.outcome == "success" and not carrier.scheduler_spans:
                     attempt.dependencies = tuple(
-                        islice(ts.dependencies, self.settings.max_task_links)
+                        (dts.key, dts.annotations.get(ids.ANNOTATION) if dts.annotations else None)
+                        for dts in islice(ts.dependencies, self.settings.max_task_links)
                     )
             self.spans.emitter.submit(self._report, attempt)
             if recorder is not None:
@@ -516,10 +518,10 @@ class ExecuteTracer(_InstancePatch):
         if carrier.links is not None:
             return [trace.Link(link, relation) for link in carrier.links]
         links = []
-        for dependency in attempt.dependencies:
-            ref = ids.traced_task(dependency.annotations, dependency.key)
+        for key, annotation in attempt.dependencies:
+            ref = ids.task_ref(annotation, key)
             if ref is None and not carrier.partial:
-                ref = ids.TaskRef(carrier._replace(generation=0), ids.key_to_str(dependency.key))
+                ref = ids.TaskRef(carrier._replace(generation=0), ids.key_to_str(key))
             if ref is not None:
                 links.append(trace.Link(ref.span_context, relation))
         return links

@@ -66,7 +66,7 @@ def test_a_released_failure_leaves_nothing_alive(telemetry):
         assert C.instances is instances
         assert_none_alive(C)
     # The failure is still told, from what Dask reduced it to.
-    (execute,) = telemetry.spans("execute f2")
+    (execute,) = telemetry.spans("attempt f2")
     assert execute.status.status_code is StatusCode.ERROR
     (event,) = [e for e in execute.events if e.name == "exception"]
     assert event.attributes["exception.type"] == "Exception"

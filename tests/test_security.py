@@ -418,5 +418,5 @@ def test_dask_otel_opens_no_listening_port(receiver, processes):
             *client.run(lambda dask_worker: dask_worker.http_server.port).values(),
         }
         # dask-otel is active in both: their spans arrived.
-        receiver.wait_for(lambda r: r.spans("graph") and r.spans("task sum"))
+        receiver.wait_for(lambda r: r.spans("graph sum") and r.spans("task sum"))
         assert listening_ports(scheduler.pid) | listening_ports(worker.pid) == dask_ports
