@@ -25,6 +25,8 @@ instrumented rounds alternate which goes first. Workloads:
     python benchmarks/overhead.py --workload movement --rounds 7
     python benchmarks/overhead.py --tasks 20000 --rounds 3 --processor dask-otel --processor sdk
     python benchmarks/overhead.py --workload graph --tasks 4000 --rounds 7 --processes
+    python benchmarks/overhead.py --workload graph --tasks 4000 --rounds 7 \
+        --variant v1:otel.scheduler.task-spans=all
 """
 
 from __future__ import annotations
@@ -290,9 +292,22 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="dask config for the instrumented rounds, e.g. otel.task.sample-ratio=0",
     )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME:KEY=VALUE[,KEY=VALUE]",
+        help="also run every round instrumented with this dask config on top of --set "
+        "(with the first processor), e.g. v1:otel.scheduler.task-spans=all; reported "
+        "against plain and against the default instrumented rounds",
+    )
     args = parser.parse_args()
-    settings = {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in args.set)}
+    settings = _config(args.set)
     processors = list(dict.fromkeys(args.processor or ["dask-otel"]))
+    variants = {
+        name: {**settings, **_config(spec.split(","))}
+        for name, spec in (item.split(":", 1) for item in args.variant)
+    }
 
     endpoint, receiver = (None, None)
     if args.export == "otlp" or args.processes:
@@ -317,16 +332,22 @@ def main() -> None:
     def run(mode: str) -> tuple[float, float, Counter]:
         if mode == "plain":
             return one_round(args.workload, args.tasks, env, watched)
-        provider = providers[mode]
+        provider = providers[mode if mode in providers else processors[0]]
         instrumentor.instrument(tracer_provider=provider, meter_provider=meter_provider)
         try:
-            with dask.config.set(settings):
-                return one_round(args.workload, args.tasks, env, watched)
+            with dask.config.set(variants.get(mode, settings)):
+                return one_round(args.workload, args.tasks, env_of(mode), watched)
         finally:
             instrumentor.uninstrument()
             provider.force_flush()
 
-    modes = ["plain", *processors]
+    def env_of(mode: str) -> dict[str, str] | None:
+        """Worker processes read dask config from ``DASK_*`` variables: a variant's too."""
+        if env is None or mode not in variants:
+            return env
+        return {**env, **{_variable(k): str(v) for k, v in variants[mode].items()}}
+
+    modes = ["plain", *processors, *variants]
     results: dict[str, list] = {mode: [] for mode in modes}
     try:
         for r in range(args.rounds):
@@ -341,7 +362,7 @@ def main() -> None:
                 + "  ".join(
                     f"{name} {times[name][0]:.3f}s (ratio {times[name][0] / plain[0]:.3f}, "
                     f"cpu ratio {times[name][1] / plain[1]:.3f})"
-                    for name in processors
+                    for name in modes[1:]
                 ),
                 flush=True,
             )
@@ -351,12 +372,28 @@ def main() -> None:
         meter_provider.shutdown()
         received = receiver.communicate("")[0].strip() if receiver is not None else None
 
-    for name in processors:
+    for name in modes[1:]:
         report(args, name, results["plain"], results[name])
+    for name in variants:
+        ratios = [v[0] / d[0] for v, d in zip(results[name], results[processors[0]], strict=True)]
+        print(
+            f"\n{name} against {processors[0]}: wall ratio median "
+            f"{statistics.median(ratios):.3f} min {min(ratios):.3f} max {max(ratios):.3f}"
+        )
     if isinstance(exporter, DiscardingExporter):
         print(f"spans exported: {exporter.count}")
     if received is not None:
         print(f"spans received over OTLP: {received}")
+
+
+def _config(items: list[str]) -> dict[str, object]:
+    """``KEY=VALUE`` items as dask config (values parsed as YAML)."""
+    return {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in items if item)}
+
+
+def _variable(key: str) -> str:
+    """The ``DASK_*`` environment variable of a dask config key."""
+    return "DASK_" + key.upper().replace(".", "__").replace("-", "_")
 
 
 #: Span processors the instrumented rounds can use.
@@ -367,12 +404,18 @@ def report(args: argparse.Namespace, processor: str, plains: list, traceds: list
     """Ratios, CPU by thread group and garbage collection, instrumented vs plain."""
     ratios = [t[0] / p[0] for t, p in zip(traceds, plains, strict=True)]
     cpu_ratios = [t[1] / p[1] for t, p in zip(traceds, plains, strict=True)]
+    # This process alone (with --processes: the scheduler, the client and their threads).
+    own_ratios = [
+        (t[1] - t[2]["workers"]) / (p[1] - p[2]["workers"])
+        for t, p in zip(traceds, plains, strict=True)
+    ]
     plain_wall = statistics.median(p[0] for p in plains)
     traced_wall = statistics.median(t[0] for t in traceds)
     extra = traced_wall - plain_wall
     per_task = "" if args.workload == "movement" else f", {1e6 * extra / args.tasks:.1f} us/task"
     print(
-        f"\n{args.workload} workload, --tasks {args.tasks}, {args.rounds} interleaved rounds, "
+        f"\n{processor}: {args.workload} workload, --tasks {args.tasks}, "
+        f"{args.rounds} interleaved rounds, "
         f"export={'otlp' if args.processes else args.export} processor={processor}"
         f"{' workers in processes' if args.processes else ''}"
         f" {' '.join(args.set)}\n"
@@ -380,6 +423,9 @@ def report(args: argparse.Namespace, processor: str, plains: list, traceds: list
         f"min {min(ratios):.3f}  max {max(ratios):.3f}\n"
         f"cpu ratio   median {statistics.median(cpu_ratios):.3f}  "
         f"min {min(cpu_ratios):.3f}  max {max(cpu_ratios):.3f}\n"
+        f"cpu ratio of this process (scheduler, client) median "
+        f"{statistics.median(own_ratios):.3f}  min {min(own_ratios):.3f}  "
+        f"max {max(own_ratios):.3f}\n"
         f"plain median {plain_wall:.3f}s  instrumented median {traced_wall:.3f}s  "
         f"(+{extra:.3f}s{per_task})"
     )
