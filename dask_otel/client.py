@@ -9,13 +9,17 @@ get. The span's context rides to the scheduler as a global annotation, the only 
 from __future__ import annotations
 
 import logging
+import threading
+from collections import Counter
 from collections.abc import Callable, Hashable
 from typing import Any
 
 import dask
+import distributed
 from dask.core import flatten
 from opentelemetry import context, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
+from wrapt import wrap_function_wrapper
 
 from dask_otel import errors, ids, naming, telemetry
 from dask_otel.activation import activate
@@ -23,6 +27,35 @@ from dask_otel.config import Settings
 from dask_otel.report import report_once
 
 logger = logging.getLogger(__name__)
+
+#: Holders of the patch on ``Client._graph_to_futures`` in this process, by what they
+#: trace: ``ALL`` submissions (the instrumentor), or only those made ``IN_TASKS`` while a
+#: task's span is current (each worker plugin: subtasks, ``worker_client``, join the
+#: task's trace; a client the user left uninstrumented stays untraced).
+ALL = "all"
+IN_TASKS = "in tasks"
+_holders: Counter[str] = Counter()
+_holders_lock = threading.Lock()
+
+
+def trace_submissions(scope: str) -> None:
+    """Trace clients' submissions in this process (``scope``: ``ALL`` or ``IN_TASKS``)
+    until this caller calls :func:`untrace_submissions` with the same scope."""
+    with _holders_lock:
+        if not _holders:
+            wrap_function_wrapper(distributed.Client, "_graph_to_futures", traced_graph_to_futures)
+        _holders[scope] += 1
+
+
+def untrace_submissions(scope: str) -> None:
+    with _holders_lock:
+        _holders[scope] -= 1
+        if _holders[scope] <= 0:
+            del _holders[scope]
+        patched = distributed.Client.__dict__["_graph_to_futures"]
+        if not _holders and hasattr(patched, "__wrapped__"):
+            distributed.Client._graph_to_futures = patched.__wrapped__
+
 
 #: Whether this process was told once that a user's ``otel`` annotation is in the way.
 _warned_annotation = False
@@ -102,6 +135,8 @@ def _warn_about_annotation() -> None:
 
 def _start_span(client: Any, args: Any, kwargs: Any) -> tuple[trace.Span, Settings] | None:
     """The ``compute`` span of this submission and the settings, or None when untraced."""
+    if ALL not in _holders and not trace.get_current_span().is_recording():
+        return None  # only workers hold the patch, and no task's span is current
     settings = activate("client")
     if settings is None:
         return None

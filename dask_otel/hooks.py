@@ -4,7 +4,8 @@ Each scheduler gets the scheduler plugin, each worker (and each Nanny's worker p
 whatever its multiprocessing method) the worker plugin, through the ``plugins`` argument
 their constructors already take; each Nanny runs ``dask_otel`` as a Nanny preload, as
 ``--preload-nanny dask_otel`` would (it adds the Nanny plugin once the Nanny listens,
-before its worker starts); every client's submissions get a span. Objects created after
+before its worker starts); every client's submissions get a span
+(:func:`dask_otel.client.trace_submissions`). Objects created after
 :func:`uninstall` are left alone.
 """
 
@@ -17,8 +18,7 @@ import dask.config
 import distributed
 from wrapt import wrap_function_wrapper
 
-from dask_otel import errors
-from dask_otel.client import traced_graph_to_futures
+from dask_otel import client, errors
 from dask_otel.scheduler import DaskOtelSchedulerPlugin
 from dask_otel.worker import DaskOtelWorkerPlugin
 
@@ -67,7 +67,6 @@ def _nanny_with_plugins(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> 
 
 
 _PATCHES = (
-    (distributed.Client, "_graph_to_futures", traced_graph_to_futures),
     (distributed.Scheduler, "__init__", _with_plugin(DaskOtelSchedulerPlugin)),
     (distributed.Worker, "__init__", _with_plugin(DaskOtelWorkerPlugin)),
     # A Nanny passes unknown keyword arguments to its Worker: the plugin is pickled into
@@ -77,11 +76,13 @@ _PATCHES = (
 
 
 def install() -> None:
+    client.trace_submissions(client.ALL)
     for owner, attribute, wrapper in _PATCHES:
         wrap_function_wrapper(owner, attribute, wrapper)
 
 
 def uninstall() -> None:
+    client.untrace_submissions(client.ALL)
     for owner, attribute, _ in _PATCHES:
         original = getattr(owner.__dict__[attribute], "__wrapped__", None)
         if original is not None:

@@ -30,7 +30,7 @@ from distributed.worker_state_machine import (
 from opentelemetry import context, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from dask_otel import emitter, errors, flight, ids, logs, metrics, rpc, telemetry
+from dask_otel import client, emitter, errors, flight, ids, logs, metrics, rpc, telemetry
 from dask_otel.activation import activate
 from dask_otel.deferred import DeferredSpan, EndedSpans, TaskAttemptSpan
 from dask_otel.emitter import drain
@@ -587,6 +587,9 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
         for patch in self._patches:
             patch.install()
         self._handlers = rpc.trace_handlers(worker, tracer, settings)
+        # Tasks that submit tasks (``worker_client``) trace the submission in their own
+        # trace, whichever way dask-otel came into this process.
+        client.trace_submissions(client.IN_TASKS)
         metrics.observe_worker(meter_provider, worker, self._tracer.static_attributes)
         logs.add_worker(worker.address)
         self._identity = asyncio.create_task(self._tracer.fetch_cluster_id())
@@ -595,6 +598,7 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
         if self._tracer is None:
             return
         # The reverse of setup: the rpc wrappers went around the patched handlers.
+        client.untrace_submissions(client.IN_TASKS)
         worker.handlers.update(self._handlers)
         for patch in self._patches:
             patch.uninstall()
