@@ -18,10 +18,11 @@ from typing import Any
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
 from dask_otel import hooks, logs, rpc, telemetry
-from dask_otel.activation import activate
+from dask_otel.activation import activate, refuse_invalid_settings, settings_problem
 from dask_otel.nanny import DaskOtelNannyPlugin
 from dask_otel.package import _instruments
 from dask_otel.preload import dask_setup
+from dask_otel.report import say_once
 from dask_otel.scheduler import DaskOtelSchedulerPlugin
 from dask_otel.telemetry import PLUGIN_NAME
 from dask_otel.version import __version__
@@ -51,6 +52,7 @@ class DaskInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         return _instruments
 
     def _instrument(self, **kwargs: Any) -> None:
+        refuse_invalid_settings()  # `opentelemetry-instrument dask worker`, bad settings
         telemetry.set_overrides(
             tracer_provider=kwargs.get("tracer_provider"),
             meter_provider=kwargs.get("meter_provider"),
@@ -85,11 +87,19 @@ def instrument(client: Any = None, **providers: Any) -> Awaitable[None] | None:
 
 
 async def _register_plugins(client: Any, active: bool) -> None:
-    if active:
-        await client.register_plugin(DaskOtelSchedulerPlugin())
-        # Nannies first: a worker finds its Nanny's flight recorder directory at setup.
-        await client.register_plugin(DaskOtelNannyPlugin())
-        await client.register_plugin(DaskOtelWorkerPlugin())
+    if not active:
+        return
+    # What the cluster's processes will say on their own stderr, said here too.
+    problems = {"scheduler": await client.run_on_scheduler(settings_problem)}
+    workers = await client.run(settings_problem, on_error="return")
+    problems.update({f"worker {address}": problem for address, problem in workers.items()})
+    for where, problem in problems.items():
+        if isinstance(problem, str):
+            say_once(f"{problem}. dask-otel is off in the {where}, which runs on, untraced.")
+    await client.register_plugin(DaskOtelSchedulerPlugin())
+    # Nannies first: a worker finds its Nanny's flight recorder directory at setup.
+    await client.register_plugin(DaskOtelNannyPlugin())
+    await client.register_plugin(DaskOtelWorkerPlugin())
 
 
 def uninstrument(client: Any = None) -> Awaitable[None] | None:

@@ -1,13 +1,24 @@
-"""The one check every dask-otel entry point makes before it hooks into a Dask process."""
+"""The one check every dask-otel entry point makes before it hooks into a Dask process.
+
+One rule for ``otel.*`` settings dask-otel cannot use (a bad value, a key it does not
+have), whichever way dask-otel came in: the problem is said once, on one line of stderr
+(:func:`dask_otel.report.say_once`). A client, and a scheduler or worker that gets
+dask-otel's plugin while it runs (``dask_otel.instrument(client)``), carry on untraced.
+A scheduler, worker or nanny that is starting refuses to: Dask's own command (``dask
+scheduler``, ``dask worker``) exits with status 1 after that one line, and any other
+process (a ``LocalCluster`` in a script) gets the :class:`ConfigError` from Dask's start.
+"""
 
 from __future__ import annotations
 
-import logging
 import os
+import sys
+from typing import Any
 
-from dask_otel.config import Settings, load_settings
+from distributed.core import Status
 
-logger = logging.getLogger(__name__)
+from dask_otel.config import ConfigError, Settings, load_settings
+from dask_otel.report import say_once
 
 #: Entry-point name, as listed in ``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS``.
 INSTRUMENTATION_NAME = "dask"
@@ -19,16 +30,22 @@ def disabled_by_environment() -> bool:
     return INSTRUMENTATION_NAME in {name.strip() for name in names.split(",")}
 
 
-def activate(role: str) -> Settings | None:
+def activate(role: str, server: Any = None) -> Settings | None:
     """Validated settings if dask-otel should run in this ``role``, else None.
 
     Configures the OpenTelemetry SDK from ``OTEL_*`` variables when nothing configured it
     yet (a worker reached only through a plugin; if that fails, it says why once and
     returns None), names the process after ``role`` and bridges Python logging.
-    Raises :class:`dask_otel.config.ConfigError` for invalid ``otel.*`` values.
+    ``server`` is the scheduler or worker dask-otel is about to instrument. Invalid
+    ``otel.*`` settings: see the module's docstring.
     """
-    settings = load_settings()
-    if not settings.enabled or disabled_by_environment():
+    if disabled_by_environment():
+        return None
+    try:
+        settings = load_settings()
+    except ConfigError as e:
+        return _invalid(role, server, e)
+    if not settings.enabled:
         return None
     from dask_otel import errors, logs, rpc, sdk, telemetry  # imports the SDK: not in hooks
 
@@ -50,3 +67,66 @@ def activate(role: str) -> Settings | None:
     if settings.rpc_spans:
         rpc.install(telemetry.current().tracer(), settings)
     return settings
+
+
+def settings_problem() -> str | None:
+    """What is wrong with this process's ``otel.*`` settings, if anything (``client.run``
+    asks the cluster's processes before :func:`dask_otel.instrument` adds its plugins)."""
+    try:
+        load_settings()
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
+def check_settings(role: str, server: Any) -> None:
+    """Apply the rule for invalid settings before dask-otel's plugin is added to
+    ``server`` (Dask logs whatever a worker plugin's setup raises, with its traceback)."""
+    if not disabled_by_environment():
+        try:
+            load_settings()
+        except ConfigError as e:
+            _invalid(role, server, e)
+
+
+def _invalid(role: str, server: Any, error: ConfigError) -> None:
+    """Say what is wrong; carry on untraced, or refuse to start (see the module)."""
+    if role == "client":
+        say_once(f"{error}. This client runs untraced.")
+        return None
+    if server is not None and server.status == Status.running:
+        say_once(f"{error}. This {role} runs on, untraced.")
+        return None
+    say_once(f"{error}. This {role} does not start.")
+    if _dask_command() is not None:
+        raise SystemExit(1)  # past Dask's `except Exception`: no tracebacks after the line
+    raise error
+
+
+def _dask_command() -> str | None:
+    """``scheduler``, ``worker`` or ``nanny`` in a process Dask's command line started."""
+    from dask_otel.sdk import infer_role  # imports the SDK: not at import time
+
+    return infer_role(sys.argv)
+
+
+def refuse_invalid_settings() -> None:
+    """Stop a Dask command that starts under ``opentelemetry-instrument`` with invalid
+    settings, before Dask starts anything (a Nanny, which never activates dask-otel
+    itself, included): one line on stderr, exit status 1."""
+    role = _dask_command()
+    if role is None or disabled_by_environment() or _servers_running():
+        return
+    try:
+        load_settings()
+    except ConfigError as e:
+        say_once(f"{e}. This {role} does not start.")
+        sys.stdout.flush()
+        os._exit(1)  # at interpreter start-up (sitecustomize): SystemExit would be fatal
+
+
+def _servers_running() -> bool:
+    """Whether Dask already runs here (instrumenting from inside a task, say)."""
+    from distributed import Nanny, Scheduler, Worker
+
+    return any(server_type._instances for server_type in (Scheduler, Worker, Nanny))

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import difflib
 import logging
+import os
 import pathlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import dask.config
 import yaml
@@ -20,7 +23,9 @@ from dask_otel import flight
 
 _DEFAULTS_PATH = pathlib.Path(__file__).with_name("otel.yaml")
 with _DEFAULTS_PATH.open() as _f:
-    dask.config.update_defaults(yaml.safe_load(_f))
+    #: dask-otel's defaults: also the list of the keys there are.
+    DEFAULTS: dict[str, Any] = yaml.safe_load(_f)
+dask.config.update_defaults(DEFAULTS)
 
 
 #: ``otel.scheduler.task-spans``: the scheduler's ``task`` spans for the tasks no worker
@@ -149,34 +154,103 @@ def _names(key: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def load_settings() -> Settings:
-    """Read and validate the current ``otel:`` config; raises :class:`ConfigError`."""
-    return Settings(
-        enabled=_bool("enabled"),
-        max_attribute_length=_count("max-attribute-length", 16),
-        task_spans=_bool("spans.tasks"),
-        scheduler_task_spans=_choice("scheduler.task-spans", SCHEDULER_TASK_SPANS),
-        transfer_spans=_bool("spans.transfers"),
-        spill_spans=_bool("spans.spill"),
-        rpc_spans=_bool("spans.rpc"),
-        metrics_enabled=_bool("metrics.enabled"),
-        rpc_always_record=frozenset(_names("rpc.always-record")),
-        rpc_never_record=frozenset(_names("rpc.never-record")),
-        redact_exception_messages=_bool("redact.exception-messages"),
-        redact_log_bodies=_bool("redact.log-bodies"),
-        max_task_events=_count("task.max-events", 0),
-        max_task_links=_count("task.max-links", 0),
-        max_spans_per_graph=_count("task.max-spans-per-graph", 0),
-        task_sample_ratio=_ratio("task.sample-ratio"),
-        keep_slower_than=_seconds("task.keep-slower-than"),
-        include_prefixes=frozenset(_names("task.include-prefixes")),
-        exclude_prefixes=frozenset(_names("task.exclude-prefixes")),
-        flush_timeout=_seconds("flush-timeout"),
-        logs_enabled=_bool("logs.enabled"),
-        logs_level=_level("logs.level"),
-        logs_loggers=_names("logs.loggers"),
-        logs_exclude_event_topics=_names("logs.exclude-event-topics"),
-        flight_recorder_size=_bytes("nanny.flight-recorder", flight.MIN_SIZE),
-        memory_history=_seconds("nanny.memory-history"),
-        death_log_lines=_count("nanny.log-lines", 0),
+def _canonical(key: object) -> str:
+    """Dask treats ``_`` and ``-`` in keys alike (``max_events`` is ``max-events``)."""
+    return str(key).replace("_", "-")
+
+
+def _leaves(tree: dict[str, Any], prefix: str) -> Iterator[str]:
+    for key, value in tree.items():
+        name = f"{prefix}.{key}"
+        yield from _leaves(value, name) if isinstance(value, dict) else [name]
+
+
+#: Every dask-otel setting, dotted (``otel.task.max-events``).
+KEYS = tuple(_leaves(DEFAULTS["otel"], "otel"))
+
+
+def _origin(key: str) -> str:
+    """Where a key was set, when an environment variable set it."""
+    variable = "DASK_" + key.upper().replace(".", "__").replace("-", "_")
+    value = os.environ.get(variable)
+    return f" (from {variable}={value})" if value is not None else ""
+
+
+def _unknown(key: str, value: object, section: dict[str, Any]) -> str:
+    """The message for a key dask-otel does not have, with the closest one it does, or
+    else the names its ``section`` has."""
+    # Compared without the common "otel." that would make every key look alike.
+    close = difflib.get_close_matches(_canonical(key)[5:], [k[5:] for k in KEYS], n=1)
+    hint = (
+        f"did you mean otel.{close[0]}?" if close else "the names there are " + ", ".join(section)
     )
+    return f"{key} = {value!r}{_origin(key)} is not a dask-otel setting ({hint})"
+
+
+def _unknown_keys(config: object, defaults: dict[str, Any], path: str) -> Iterator[str]:
+    """A message per key under ``path`` that has no default, and per section that is
+    not a mapping."""
+    if not isinstance(config, dict):
+        names = ", ".join(defaults)
+        yield f"{path} must be a section of settings ({names}), got {config!r}{_origin(path)}"
+        return
+    sections = {_canonical(key): value for key, value in defaults.items()}
+    for key, value in config.items():
+        name = f"{path}.{key}"
+        default = sections.get(_canonical(key), _MISSING)
+        if default is _MISSING:
+            yield _unknown(name, value, defaults)
+        elif isinstance(default, dict):
+            yield from _unknown_keys(value, default, f"{path}.{_canonical(key)}")
+
+
+_MISSING = object()
+
+#: How each field of :class:`Settings` is read from its key.
+_READERS: dict[str, Callable[[], object]] = {
+    "enabled": lambda: _bool("enabled"),
+    "max_attribute_length": lambda: _count("max-attribute-length", 16),
+    "task_spans": lambda: _bool("spans.tasks"),
+    "scheduler_task_spans": lambda: _choice("scheduler.task-spans", SCHEDULER_TASK_SPANS),
+    "transfer_spans": lambda: _bool("spans.transfers"),
+    "spill_spans": lambda: _bool("spans.spill"),
+    "rpc_spans": lambda: _bool("spans.rpc"),
+    "metrics_enabled": lambda: _bool("metrics.enabled"),
+    "rpc_always_record": lambda: frozenset(_names("rpc.always-record")),
+    "rpc_never_record": lambda: frozenset(_names("rpc.never-record")),
+    "redact_exception_messages": lambda: _bool("redact.exception-messages"),
+    "redact_log_bodies": lambda: _bool("redact.log-bodies"),
+    "max_task_events": lambda: _count("task.max-events", 0),
+    "max_task_links": lambda: _count("task.max-links", 0),
+    "max_spans_per_graph": lambda: _count("task.max-spans-per-graph", 0),
+    "task_sample_ratio": lambda: _ratio("task.sample-ratio"),
+    "keep_slower_than": lambda: _seconds("task.keep-slower-than"),
+    "include_prefixes": lambda: frozenset(_names("task.include-prefixes")),
+    "exclude_prefixes": lambda: frozenset(_names("task.exclude-prefixes")),
+    "flush_timeout": lambda: _seconds("flush-timeout"),
+    "logs_enabled": lambda: _bool("logs.enabled"),
+    "logs_level": lambda: _level("logs.level"),
+    "logs_loggers": lambda: _names("logs.loggers"),
+    "logs_exclude_event_topics": lambda: _names("logs.exclude-event-topics"),
+    "flight_recorder_size": lambda: _bytes("nanny.flight-recorder", flight.MIN_SIZE),
+    "memory_history": lambda: _seconds("nanny.memory-history"),
+    "death_log_lines": lambda: _count("nanny.log-lines", 0),
+}
+
+
+def load_settings() -> Settings:
+    """Read and validate the current ``otel:`` config; raises :class:`ConfigError` naming
+    every problem: keys dask-otel does not have (with the closest one it does) and values
+    it cannot use (with what is allowed)."""
+    problems = list(_unknown_keys(dask.config.get("otel", {}), DEFAULTS["otel"], "otel"))
+    values = {}
+    for name, read in _READERS.items():
+        try:
+            values[name] = read()
+        except ConfigError as e:
+            problems.append(str(e))
+        except (KeyError, TypeError, AttributeError):  # below a section that is not one
+            continue
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return Settings(**values)  # type: ignore[arg-type]

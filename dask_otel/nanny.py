@@ -134,7 +134,7 @@ class DaskOtelNannyPlugin(NannyPlugin):
         self.__init__()  # type: ignore[misc]
 
     def setup(self, nanny: Nanny) -> None:
-        settings = activate("nanny")
+        settings = activate("nanny", nanny)
         if settings is None:
             return
         self._watch = WorkerWatch(nanny, telemetry.current(), settings)

@@ -11,6 +11,7 @@ from typing import Any
 
 from distributed import Nanny, Scheduler, Worker
 
+from dask_otel.activation import check_settings
 from dask_otel.hooks import with_plugin
 from dask_otel.nanny import DaskOtelNannyPlugin
 from dask_otel.scheduler import DaskOtelSchedulerPlugin
@@ -23,11 +24,13 @@ async def dask_setup(server: Any) -> None:
         if DaskOtelSchedulerPlugin.name not in server.plugins:
             server.add_plugin(DaskOtelSchedulerPlugin())  # started by Scheduler.start
     elif isinstance(server, Worker):
+        check_settings("worker", server)
         # Plugins given to the constructor (dask-otel's hooks) are added after preloads.
         present = (*server.plugins.values(), *getattr(server, "_pending_plugins", ()))
         if with_plugin(present, DaskOtelWorkerPlugin) != present:
             await server.plugin_add(DaskOtelWorkerPlugin(), catch_errors=False)
     elif isinstance(server, Nanny):
+        check_settings("nanny", server)
         # Preloads run once the Nanny listens, before its worker process starts (and
         # adds the worker plugin, which the Nanny passes to it).
         plugins = server.worker_kwargs.get("plugins")

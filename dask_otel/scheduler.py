@@ -184,7 +184,7 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         self.__init__()  # type: ignore[misc]
 
     async def start(self, scheduler: Scheduler) -> None:
-        settings = activate("scheduler")
+        settings = activate("scheduler", scheduler)
         if settings is None:
             return
         self._settings: Settings = settings

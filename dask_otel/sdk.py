@@ -18,12 +18,14 @@ import atexit
 import inspect
 import logging
 import os
+import re
 import socket
 import sys
 import threading
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from typing import Any
 
 from opentelemetry import _logs, metrics, trace
@@ -40,7 +42,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from opentelemetry.trace.span import TraceState
 
 from dask_otel import telemetry
-from dask_otel.report import report_once
+from dask_otel.report import report_once, say_once
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +96,8 @@ def infer_role(argv: list[str]) -> str | None:
     if not argv:
         return None
     program = os.path.basename(argv[0])
+    if program == "__main__.py" and os.path.basename(os.path.dirname(argv[0])) == "dask":
+        program = "dask"  # python -m dask ...
     args = argv[1:]
     if program == "dask" and args:
         program, args = f"dask-{args[0]}", args[1:]
@@ -197,15 +201,33 @@ def _file_exporter_paths(directory: str, role: str | None) -> dict[type, dict[st
     }
 
 
+#: The variable that chooses the component of each entry-point group the SDK loads.
+_COMPONENT_VARIABLES = {
+    "opentelemetry_traces_exporter": "OTEL_TRACES_EXPORTER",
+    "opentelemetry_metrics_exporter": "OTEL_METRICS_EXPORTER",
+    "opentelemetry_logs_exporter": "OTEL_LOGS_EXPORTER",
+    "opentelemetry_id_generator": "OTEL_PYTHON_ID_GENERATOR",
+}
+_UNKNOWN_COMPONENT = re.compile(r"Requested component '(.*)' not found in entry point '(.*)'")
+
+
 def configuration_failed(error: Exception) -> None:
-    """Say once that a bad ``OTEL_*`` setting keeps this process from exporting."""
-    report_once(
-        logger,
-        f"configure: {error}",
-        "dask-otel: cannot configure OpenTelemetry from the OTEL_* settings, "
-        "telemetry is off in this process: %r",
-        error,
-    )
+    """Say once, on one line of stderr, that a bad ``OTEL_*`` setting keeps this process
+    from exporting: the variable, its value and what is installed, when the SDK's error
+    tells (an exporter name that no installed package provides)."""
+    unknown = _UNKNOWN_COMPONENT.search(str(error))
+    group = unknown.group(2) if unknown else ""
+    if group in _COMPONENT_VARIABLES:
+        installed = {entry.name for entry in entry_points(group=group)}
+        if group.endswith("_exporter"):
+            installed.add("otlp")  # the SDK's own name for OTLP over OTEL_EXPORTER_OTLP_PROTOCOL
+        problem = (
+            f"{_COMPONENT_VARIABLES[group]}={unknown.group(1)} names nothing installed "
+            f"(installed: {', '.join(sorted(installed))}; or none)"
+        )
+    else:
+        problem = f"{type(error).__name__}: {error}"
+    say_once(f"cannot configure OpenTelemetry: {problem}. Telemetry is off in this process.")
 
 
 def configure(role: str) -> bool:

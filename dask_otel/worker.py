@@ -562,7 +562,7 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
         self.__init__()  # type: ignore[misc]
 
     async def setup(self, worker: Worker) -> None:
-        settings = activate("worker")
+        settings = activate("worker", worker)
         if settings is None:
             return
         self._providers = telemetry.current()

@@ -239,3 +239,46 @@ def test_invalid_value_stops_an_instrumented_worker(telemetry):
     chain = [info.value, info.value.__cause__, info.value.__context__]
     text = " ".join(str(e) for e in chain if e is not None)
     assert "otel.task.max-links" in text, text
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (
+            {"otel.spans.task": False},
+            "otel.spans.task = False is not a dask-otel setting (did you mean otel.spans.tasks?)",
+        ),
+        (
+            {"otel.task.max_span_per_graph": 5},
+            "otel.task.max_span_per_graph = 5 is not a dask-otel setting"
+            " (did you mean otel.task.max-spans-per-graph?)",
+        ),
+        (
+            {"otel.task.colour": "blue"},
+            "otel.task.colour = 'blue' is not a dask-otel setting (the names there are "
+            "max-events, max-links, max-spans-per-graph, sample-ratio, keep-slower-than, "
+            "include-prefixes, exclude-prefixes)",
+        ),
+        (
+            {"otel.logs": "off"},
+            "otel.logs must be a section of settings (enabled, level, loggers, "
+            "exclude-event-topics), got 'off'",
+        ),
+        (  # every problem at once
+            {"otel.enable": True, "otel.task.max-links": -1},
+            "otel.enable = True is not a dask-otel setting (did you mean otel.enabled?); "
+            "otel.task.max-links must be an integer >= 0, got -1",
+        ),
+    ],
+)
+def test_unknown_keys_name_the_closest_valid_key(config, message):
+    with dask.config.set(config), pytest.raises(ConfigError) as info:
+        load_settings()
+    assert str(info.value) == message
+
+
+def test_keys_with_underscores_are_the_same_keys():
+    """Dask treats ``max_events`` and ``max-events`` alike; so does the key check."""
+    with dask.config.set({"otel.task.max_events": 3, "otel.flush_timeout": "2s"}):
+        settings = load_settings()
+    assert (settings.max_task_events, settings.flush_timeout) == (3, 2.0)
