@@ -45,7 +45,8 @@ from overhead import (
 )
 
 import dask_otel
-from dask_otel import flight, sdk
+from dask_otel.distro import sdk
+from dask_otel.signals import flight
 
 
 def _median(values: list[float]) -> str:

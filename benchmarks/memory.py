@@ -10,7 +10,7 @@
 2. No leak: 10 computations one after another on one instrumented cluster, each
    released when done. After each: the scheduler plugin's records (``_tasks``,
    ``_graphs``), the span emitter's backlog, pending events, the entries of the bounded
-   cache of parsed trace contexts (``dask_otel.ids.DECODED_CARRIERS``, one per graph;
+   cache of parsed trace contexts (``dask_otel.spans.ids.DECODED_CARRIERS``, one per graph;
    emptied before measuring, so that the rest shows what it does not bound), the objects
    made by ``dask_otel`` code that are still alive (every object the garbage collector
    tracks whose allocation ``tracemalloc`` traces to a ``dask_otel`` file), and the bytes
@@ -49,7 +49,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 import dask_otel
-from dask_otel import emitter, ids, sdk
+from dask_otel.distro import sdk
+from dask_otel.spans import emitter, ids
 
 DASK_OTEL = tracemalloc.Filter(True, "*/dask_otel/*")
 

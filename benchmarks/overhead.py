@@ -58,7 +58,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 import dask_otel
-from dask_otel import sdk
+from dask_otel.distro import sdk
 
 
 class DiscardingExporter(SpanExporter):

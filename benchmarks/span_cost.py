@@ -20,7 +20,7 @@ from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 
-from dask_otel import sdk
+from dask_otel.distro import sdk
 
 PARENT = trace.SpanContext(0x1234, 0x5678, False, trace.TraceFlags(trace.TraceFlags.SAMPLED))
 LINKS = [

@@ -192,7 +192,7 @@ def main() -> None:
     from opentelemetry import _logs, trace
 
     import dask_otel
-    from dask_otel import sdk
+    from dask_otel.distro import sdk
 
     dask.config.set(
         {

@@ -17,16 +17,17 @@ from typing import Any
 
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
-from dask_otel import hooks, logs, rpc, telemetry
+from dask_otel import hooks, runtime
 from dask_otel.activation import activate, refuse_invalid_settings, settings_problem
-from dask_otel.nanny import DaskOtelNannyPlugin
 from dask_otel.package import _instruments
+from dask_otel.plugins import rpc
+from dask_otel.plugins.nanny import DaskOtelNannyPlugin
+from dask_otel.plugins.scheduler import DaskOtelSchedulerPlugin
+from dask_otel.plugins.worker import DaskOtelWorkerPlugin
 from dask_otel.preload import dask_setup
-from dask_otel.report import say_once
-from dask_otel.scheduler import DaskOtelSchedulerPlugin
-from dask_otel.telemetry import PLUGIN_NAME
+from dask_otel.runtime import PLUGIN_NAME, say_once
+from dask_otel.signals import logs
 from dask_otel.version import __version__
-from dask_otel.worker import DaskOtelWorkerPlugin
 
 __all__ = [
     "DaskInstrumentor",
@@ -53,7 +54,7 @@ class DaskInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
     def _instrument(self, **kwargs: Any) -> None:
         refuse_invalid_settings()  # `opentelemetry-instrument dask worker`, bad settings
-        telemetry.set_overrides(
+        runtime.set_overrides(
             tracer_provider=kwargs.get("tracer_provider"),
             meter_provider=kwargs.get("meter_provider"),
             logger_provider=kwargs.get("logger_provider"),
@@ -64,7 +65,7 @@ class DaskInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         hooks.uninstall()
         rpc.uninstall()
         logs.uninstall()
-        telemetry.set_overrides()
+        runtime.set_overrides()
 
 
 def instrument(client: Any = None, **providers: Any) -> Awaitable[None] | None:

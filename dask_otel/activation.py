@@ -2,7 +2,7 @@
 
 One rule for ``otel.*`` settings dask-otel cannot use (a bad value, a key it does not
 have), whichever way dask-otel came in: the problem is said once, on one line of stderr
-(:func:`dask_otel.report.say_once`). A client, and a scheduler or worker that gets
+(:func:`dask_otel.runtime.say_once`). A client, and a scheduler or worker that gets
 dask-otel's plugin while it runs (``dask_otel.instrument(client)``), carry on untraced.
 A scheduler, worker or nanny that is starting refuses to: Dask's own command (``dask
 scheduler``, ``dask worker``) exits with status 1 after that one line, and any other
@@ -18,7 +18,7 @@ from typing import Any
 from distributed.core import Status
 
 from dask_otel.config import ConfigError, Settings, load_settings
-from dask_otel.report import say_once
+from dask_otel.runtime import say_once
 
 #: Entry-point name, as listed in ``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS``.
 INSTRUMENTATION_NAME = "dask"
@@ -47,7 +47,11 @@ def activate(role: str, server: Any = None) -> Settings | None:
         return _invalid(role, server, e)
     if not settings.enabled:
         return None
-    from dask_otel import errors, logs, rpc, sdk, telemetry  # imports the SDK: not in hooks
+    from dask_otel import runtime
+    from dask_otel.distro import sdk
+    from dask_otel.plugins import rpc
+    from dask_otel.signals import logs
+    from dask_otel.spans import errors
 
     try:
         configured = sdk.configure(role)
@@ -59,13 +63,13 @@ def activate(role: str, server: Any = None) -> Settings | None:
     errors.set_redaction(settings)
     if settings.logs_enabled:
         logs.install(
-            telemetry.current().logger_provider,
+            runtime.current().logger_provider,
             settings.logs_loggers,
             settings.logs_level,
             settings.max_attribute_length,
         )
     if settings.rpc_spans:
-        rpc.install(telemetry.current().tracer(), settings)
+        rpc.install(runtime.current().tracer(), settings)
     return settings
 
 
@@ -105,7 +109,7 @@ def _invalid(role: str, server: Any, error: ConfigError) -> None:
 
 def _dask_command() -> str | None:
     """``scheduler``, ``worker`` or ``nanny`` in a process Dask's command line started."""
-    from dask_otel.sdk import infer_role  # imports the SDK: not at import time
+    from dask_otel.distro.sdk import infer_role  # imports the SDK: not at import time
 
     return infer_role(sys.argv)
 

@@ -19,8 +19,9 @@ import dask.config
 import yaml
 from dask.utils import format_bytes, parse_bytes, parse_timedelta
 
-from dask_otel import flight
-
+#: Smallest flight recorder (``otel.nanny.flight-recorder``): room for its slots and
+#: 64 kiB of rings.
+FLIGHT_RECORDER_MIN_SIZE = 512 * 1024
 _DEFAULTS_PATH = pathlib.Path(__file__).with_name("otel.yaml")
 with _DEFAULTS_PATH.open() as _f:
     #: dask-otel's defaults: also the list of the keys there are.
@@ -232,7 +233,7 @@ _READERS: dict[str, Callable[[], object]] = {
     "logs_level": lambda: _level("logs.level"),
     "logs_loggers": lambda: _names("logs.loggers"),
     "logs_exclude_event_topics": lambda: _names("logs.exclude-event-topics"),
-    "flight_recorder_size": lambda: _bytes("nanny.flight-recorder", flight.MIN_SIZE),
+    "flight_recorder_size": lambda: _bytes("nanny.flight-recorder", FLIGHT_RECORDER_MIN_SIZE),
     "memory_history": lambda: _seconds("nanny.memory-history"),
     "death_log_lines": lambda: _count("nanny.log-lines", 0),
 }

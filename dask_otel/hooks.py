@@ -5,7 +5,7 @@ whatever its multiprocessing method) the worker plugin, through the ``plugins`` 
 their constructors already take; each Nanny runs ``dask_otel`` as a Nanny preload, as
 ``--preload-nanny dask_otel`` would (it adds the Nanny plugin once the Nanny listens,
 before its worker starts); every client's submissions get a span
-(:func:`dask_otel.client.trace_submissions`). Objects created after
+(:func:`dask_otel.plugins.client.trace_submissions`). Objects created after
 :func:`uninstall` are left alone.
 """
 
@@ -18,9 +18,10 @@ import dask.config
 import distributed
 from wrapt import wrap_function_wrapper
 
-from dask_otel import client, errors
-from dask_otel.scheduler import DaskOtelSchedulerPlugin
-from dask_otel.worker import DaskOtelWorkerPlugin
+from dask_otel.plugins import client
+from dask_otel.plugins.scheduler import DaskOtelSchedulerPlugin
+from dask_otel.plugins.worker import DaskOtelWorkerPlugin
+from dask_otel.spans import errors
 
 
 def with_plugin(plugins: Iterable[Any] | None, plugin_type: type) -> tuple[Any, ...]:

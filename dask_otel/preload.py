@@ -13,9 +13,9 @@ from distributed import Nanny, Scheduler, Worker
 
 from dask_otel.activation import check_settings
 from dask_otel.hooks import with_plugin
-from dask_otel.nanny import DaskOtelNannyPlugin
-from dask_otel.scheduler import DaskOtelSchedulerPlugin
-from dask_otel.worker import DaskOtelWorkerPlugin
+from dask_otel.plugins.nanny import DaskOtelNannyPlugin
+from dask_otel.plugins.scheduler import DaskOtelSchedulerPlugin
+from dask_otel.plugins.worker import DaskOtelWorkerPlugin
 
 
 async def dask_setup(server: Any) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 import signal
@@ -184,6 +185,31 @@ def processes(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Proces
         procs.stop_all()
         if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
             print(procs.logs())
+
+
+#: Fixtures that make a test end-to-end: real processes, or the real OTLP exporters into a
+#: receiver on 127.0.0.1.
+E2E_FIXTURES = frozenset({"processes", "receiver"})
+#: What a test's own source calls to start a Dask cluster or another process.
+E2E_CALLS = ("in_process_cluster(", "LocalCluster(", "gen_cluster", "subprocess", "Client(")
+
+
+def _end_to_end(item: pytest.Item) -> bool:
+    if E2E_FIXTURES & set(getattr(item, "fixturenames", ())) or "e2e" in item.path.stem:
+        return True
+    try:
+        source = inspect.getsource(item.function)  # type: ignore[attr-defined]
+    except (AttributeError, OSError, TypeError):
+        return False
+    return any(call in source for call in E2E_CALLS)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark tests that start clusters or processes ``e2e``: ``pytest -m "not e2e"`` is the
+    quick unit run."""
+    for item in items:
+        if _end_to_end(item):
+            item.add_marker(pytest.mark.e2e)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

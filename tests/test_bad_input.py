@@ -26,8 +26,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanContext, StatusCode, TraceFlags
 
 import dask_otel
-from dask_otel import client as otel_client
-from dask_otel import errors, ids
+from dask_otel.plugins import client as otel_client
+from dask_otel.spans import errors, ids
 
 LIMIT = 256  # otel.max-attribute-length default
 

@@ -13,9 +13,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Status, StatusCode
 
-from dask_otel import ids
-from dask_otel.deferred import MAX_CALLS, DeferredSpan, EndedSpans
-from dask_otel.emitter import SpanEmitter
+from dask_otel.spans import ids
+from dask_otel.spans.emitter import SpanEmitter
+from dask_otel.spans.records import MAX_CALLS, DeferredSpan, EndedSpans
 
 PARENT = trace.SpanContext(0x1234, 0x5678, is_remote=True, trace_flags=trace.TraceFlags(1))
 

@@ -9,7 +9,7 @@ import subprocess
 from conftest import bin_path
 from otlp_receiver import OTLPReceiver, StalledCollector, closed_port
 
-from dask_otel.summary import summarize
+from dask_otel.tools.summary import summarize
 
 NO_NUMPY = 'raise ModuleNotFoundError("No module named \'numpy\'", name="numpy")\n'
 

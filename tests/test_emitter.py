@@ -7,8 +7,8 @@ import os
 import threading
 import time
 
-from dask_otel import emitter as emitter_module
-from dask_otel.emitter import SpanEmitter
+from dask_otel.spans import emitter as emitter_module
+from dask_otel.spans.emitter import SpanEmitter
 
 
 def emitter_threads(name: str) -> list[threading.Thread]:

@@ -1,4 +1,4 @@
-"""dask_otel.errors: describing a failure never raises, never loads a pickle, keeps no
+"""dask_otel.spans.errors: describing a failure never raises, never loads a pickle, keeps no
 exception."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import weakref
 
 from distributed.scheduler import KilledWorker
 
-from dask_otel import errors
-from dask_otel.errors import describe, safe_str, type_name
+from dask_otel.spans import errors
+from dask_otel.spans.errors import describe, safe_str, type_name
 
 
 class StrRaises(Exception):

@@ -38,7 +38,7 @@ from distributed import Client
 from opentelemetry.trace import StatusCode
 from otlp_receiver import OTLPReceiver, StalledCollector, closed_port
 
-from dask_otel import ids
+from dask_otel.spans import ids
 
 # The probes below run inside the scheduler and worker processes, which cannot import
 # this module: ship them by value.

@@ -19,8 +19,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from dask_otel import flight, sdk, telemetry
-from dask_otel.metrics import _disabled
+from dask_otel import runtime as telemetry
+from dask_otel.distro import sdk
+from dask_otel.signals import flight
+from dask_otel.signals.metrics import _disabled
 
 #: A process that configures the SDK as a dask-otel worker does (exports held for a
 #: minute), copies its queues to a flight recorder, makes spans and log records, and
@@ -30,7 +32,9 @@ CHILD = textwrap.dedent(
     import logging, os, signal, sys
     from pathlib import Path
     from opentelemetry import trace
-    from dask_otel import flight, logs, sdk, telemetry
+    from dask_otel.signals import flight, logs
+    from dask_otel.distro import sdk
+    from dask_otel import runtime as telemetry
 
     path, spans, flushed, records = sys.argv[1], *map(int, sys.argv[2:])
     assert sdk.configure("worker")

@@ -1,4 +1,4 @@
-"""dask_otel.ids: key text, span ids derived from (trace, key), traceparent carriers."""
+"""dask_otel.spans.ids: key text, span ids derived from (trace, key), traceparent carriers."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanContext, TraceFlags
 
-from dask_otel import ids
+from dask_otel.spans import ids
 
 TRACE_A = 0x0AF7651916CD43DD8448EB211C80319C
 TRACE_B = 0x4BF92F3577B34DA6A3CE929D0E0E4736

@@ -35,9 +35,9 @@ def test_dashed_commands_are_declared():
         if ep.group == "console_scripts"
     }
     assert scripts == {
-        "dask-otel": "dask_otel.cli:main",
-        "dask-worker": "dask_otel.cli:dask_worker",
-        "dask-scheduler": "dask_otel.cli:dask_scheduler",
+        "dask-otel": "dask_otel.tools.cli:main",
+        "dask-worker": "dask_otel.tools.cli:dask_worker",
+        "dask-scheduler": "dask_otel.tools.cli:dask_scheduler",
     }
 
 

@@ -11,7 +11,7 @@ from _pytest.logging import LogCaptureHandler
 from conftest import flush_emitters, in_process_cluster
 from distributed import Client, LocalCluster
 
-from dask_otel import logs
+from dask_otel.signals import logs
 
 
 def log_marker(x: int) -> int:

@@ -9,7 +9,7 @@ import dask.array as da
 from conftest import flush_emitters, in_process_cluster
 from distributed import Semaphore
 
-from dask_otel.metrics import INSTRUMENTS
+from dask_otel.signals.instruments import INSTRUMENTS
 
 #: Instruments that need something this workload does not do (spilling; gilknocker; an
 #: SDK configured by dask-otel, see test_export_drops.py; a Nanny, test_post_mortem.py).
@@ -113,7 +113,7 @@ def test_a_blocked_event_loop_shows_in_the_tick_maximum(telemetry):
 
 def _observed(dask_worker) -> tuple[list[str], dict[str, int]]:
     """What this worker's process reports metrics of, and the clusters its records name."""
-    from dask_otel import logs, metrics
+    from dask_otel.signals import logs, metrics
 
     observers = [
         observe.__name__

@@ -14,7 +14,7 @@ from conftest import flush_emitters, in_process_cluster
 from dask import delayed
 from distributed import LocalCluster
 
-from dask_otel.naming import computation_name, operation
+from dask_otel.spans.naming import computation_name, operation
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 

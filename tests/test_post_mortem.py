@@ -33,8 +33,8 @@ from opentelemetry.trace import StatusCode
 from test_e2e_opentelemetry_instrument import run_client
 
 import dask_otel
-from dask_otel import emitter
-from dask_otel.summary import render, summarize
+from dask_otel.spans import emitter
+from dask_otel.tools.summary import render, summarize
 
 MEMORY_LIMIT = 400_000_000
 #: Quick tasks each worker runs before a death: their spans wait in its export queue.

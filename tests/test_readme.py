@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from dask_otel.metrics import INSTRUMENTS
+from dask_otel.signals.instruments import INSTRUMENTS
 
 ROOT = Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()

@@ -20,7 +20,7 @@ from conftest import flush_emitters, in_process_cluster
 from distributed import profile, wait
 from opentelemetry.trace import StatusCode
 
-from dask_otel import emitter
+from dask_otel.spans import emitter
 
 
 def assert_none_alive(cls: type) -> None:

@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 import dask_otel
-from dask_otel import telemetry as dask_telemetry
+from dask_otel import runtime as dask_telemetry
 
 
 def inc(x: int) -> int:

@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.trace import SpanKind, StatusCode
 
 import dask_otel
-from dask_otel import rpc
+from dask_otel.plugins import rpc
 
 
 def inc(x: int) -> int:

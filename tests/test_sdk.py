@@ -1,4 +1,4 @@
-"""dask_otel.sdk: roles from command lines, and the SDK as dask-otel configures it.
+"""dask_otel.distro.sdk: roles from command lines, and the SDK as dask-otel configures it.
 
 Configuring the SDK sets process-wide globals, so every configuration test runs in a
 fresh interpreter. Exporters are ``none`` unless a test is about the exporter defaults;
@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 
-from dask_otel.sdk import ENV_DEFAULTS, infer_role
+from dask_otel.distro.sdk import ENV_DEFAULTS, infer_role
 
 # -- infer_role -----------------------------------------------------------------------------
 
@@ -63,7 +63,7 @@ def test_infer_role_does_not_touch_argv():
 PRELUDE = """
 import json, os, sys
 from opentelemetry import _logs, metrics, trace
-from dask_otel import sdk
+from dask_otel.distro import sdk
 
 
 def resources():
@@ -154,7 +154,7 @@ def test_sdk_disabled_leaves_the_proxy_provider():
     result = run(
         """
         sdk.configure("scheduler")
-        from dask_otel import telemetry
+        from dask_otel import runtime as telemetry
         result = resources()
         result["configured"] = telemetry.is_configured()
         result["defaults"] = "OTEL_BSP_MAX_QUEUE_SIZE" in os.environ

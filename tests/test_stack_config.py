@@ -3,8 +3,8 @@
 No Docker engine runs these: they parse collector-config.yaml, docker-compose.yml, the
 Dockerfile and deploy/ (Grafana provisioning and dashboard, Prometheus, Tempo, Loki) and
 check that the pieces fit together. The dashboard's metric names are derived from
-``dask_otel.metrics.INSTRUMENTS`` with Prometheus' OTLP translation, so they cannot drift
-from the code.
+``dask_otel.signals.instruments.INSTRUMENTS`` with Prometheus' OTLP translation, so they
+cannot drift from the code.
 
 Every check is a function ``check_*(root) -> list[str]`` of problems, run on the
 repository; ``test_check_catches`` runs each one again on a broken copy of the stack, to
@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dask_otel.metrics import INSTRUMENTS, Instrument
+from dask_otel.signals.instruments import INSTRUMENTS, Instrument
 
 ROOT = Path(__file__).resolve().parents[1]
 

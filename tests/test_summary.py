@@ -11,8 +11,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import Status, StatusCode
 
-from dask_otel import cli
-from dask_otel.summary import SummaryError, summarize
+from dask_otel.tools import cli
+from dask_otel.tools.summary import SummaryError, summarize
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from distributed.scheduler import KilledWorker
 from opentelemetry.trace import StatusCode
 from test_tracing import assert_no_orphans, assert_task_ids_line_up
 
-from dask_otel import ids
+from dask_otel.spans import ids
 
 
 def inc(x: int) -> int:

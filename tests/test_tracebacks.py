@@ -84,7 +84,7 @@ def test_a_failing_request_to_the_scheduler():
     def scenario(in_span: bool) -> None:
         with in_process_cluster(n_workers=1) as client:
             client.submit(divide_by_zero, 1)  # the client activates dask-otel
-            tracer = dask_otel.telemetry.current().tracer()
+            tracer = dask_otel.runtime.current().tracer()
             span = tracer.start_span("user") if in_span else trace.INVALID_SPAN
             with trace.use_span(span, end_on_exit=True):
                 client.sync(client.scheduler.ncores, workers=5)  # ints are not iterable

@@ -22,7 +22,7 @@ from opentelemetry._logs import SeverityNumber
 from opentelemetry.trace import SpanKind, StatusCode
 
 import dask_otel
-from dask_otel import ids
+from dask_otel.spans import ids
 
 # -- helpers --------------------------------------------------------------------------------
 

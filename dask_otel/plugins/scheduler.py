@@ -1,13 +1,13 @@
 """Scheduler plugin: a ``graph`` span per ``update_graph``; task spans for anomalies only.
 
 Trace model v2: the worker that produces a task's result emits its ``task`` span, with
-the deterministic id of :mod:`dask_otel.ids`. The scheduler does no span work for a task
+the deterministic id of :mod:`dask_otel.spans.ids`. The scheduler does no span work for a task
 that completes normally: its hot path (``transition``, ~7 calls per task) only notes
 when a graph's last task is done, and acts on the few transitions that mean something
 went wrong. It emits a ``task`` span only for a task no worker finished (erred,
 KilledWorker, cancelled while running) and an ``attempt`` span for an attempt lost with
 its worker; each such ending moves the task to a new generation of span ids (see
-:class:`dask_otel.ids.Carrier`), so no id is ever emitted twice.
+:class:`dask_otel.spans.ids.Carrier`), so no id is ever emitted twice.
 
 With ``otel.scheduler.task-spans: all`` it also records every task's lifecycle and
 emits every ``task`` span, as in trace model v1 (workers then emit ``execute`` spans
@@ -28,10 +28,13 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from dask_otel import emitter, errors, events, ids, logs, metrics, naming, rpc, telemetry
+from dask_otel import runtime
 from dask_otel.activation import activate
-from dask_otel.emitter import SpanEmitter, drain
-from dask_otel.telemetry import PLUGIN_NAME
+from dask_otel.plugins import rpc
+from dask_otel.runtime import PLUGIN_NAME
+from dask_otel.signals import events, logs, metrics
+from dask_otel.spans import emitter, errors, ids, naming
+from dask_otel.spans.emitter import SpanEmitter, drain
 
 if TYPE_CHECKING:
     from distributed import Scheduler
@@ -190,7 +193,7 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         self._settings: Settings = settings
         self._all_task_spans = settings.scheduler_task_spans == "all"
         self._scheduler = scheduler
-        self._providers = telemetry.current()
+        self._providers = runtime.current()
         tracer = self._providers.tracer()
         self._tracer = tracer
         self._ids = ids.SpanIdSetter(tracer)

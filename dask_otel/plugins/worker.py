@@ -30,13 +30,15 @@ from distributed.worker_state_machine import (
 from opentelemetry import context, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from dask_otel import client, emitter, errors, flight, ids, logs, metrics, rpc, telemetry
+from dask_otel import runtime
 from dask_otel.activation import activate
-from dask_otel.deferred import DeferredSpan, EndedSpans, TaskAttemptSpan
-from dask_otel.emitter import drain
-from dask_otel.report import report_once
-from dask_otel.spill import SpillTracer
-from dask_otel.telemetry import PLUGIN_NAME
+from dask_otel.plugins import client, rpc
+from dask_otel.plugins.spill import SpillTracer
+from dask_otel.runtime import PLUGIN_NAME, report_once
+from dask_otel.signals import flight, logs, metrics
+from dask_otel.spans import emitter, errors, ids
+from dask_otel.spans.emitter import drain
+from dask_otel.spans.records import DeferredSpan, EndedSpans, TaskAttemptSpan
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -349,7 +351,7 @@ class ExecuteTracer(_InstancePatch):
     spans, logs and ``rpc`` spans in the task see it) and notes the outcome; the span and
     the metric point are made by the worker's emitter thread: the ``task`` span if the
     attempt produced the result, an ``attempt`` span if it failed or was rescheduled
-    (trace model v2, :mod:`dask_otel.ids`); with ``otel.scheduler.task-spans: all`` an
+    (trace model v2, :mod:`dask_otel.spans.ids`); with ``otel.scheduler.task-spans: all`` an
     ``execute`` span under the scheduler's ``task`` span.
     """
 
@@ -565,7 +567,7 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
         settings = activate("worker", worker)
         if settings is None:
             return
-        self._providers = telemetry.current()
+        self._providers = runtime.current()
         self._settings = settings
         meter_provider = self._meter_provider = metrics.meter_provider(self._providers, settings)
         sources = metrics.sources(meter_provider)

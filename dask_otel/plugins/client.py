@@ -1,5 +1,5 @@
 """The client side: a ``compute <name>`` span around every graph submission, named
-after what the user ran (:mod:`dask_otel.naming`).
+after what the user ran (:mod:`dask_otel.spans.naming`).
 
 ``Client._graph_to_futures`` is the one path behind compute, persist, submit, map and
 get. The span's context rides to the scheduler as a global annotation, the only channel
@@ -21,10 +21,11 @@ from opentelemetry import context, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from wrapt import wrap_function_wrapper
 
-from dask_otel import errors, ids, naming, telemetry
+from dask_otel import runtime
 from dask_otel.activation import activate
 from dask_otel.config import Settings
-from dask_otel.report import report_once
+from dask_otel.runtime import report_once
+from dask_otel.spans import errors, ids, naming
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +150,7 @@ def _start_span(client: Any, args: Any, kwargs: Any) -> tuple[trace.Span, Settin
     if cluster_id:
         attributes["dask.cluster.id"] = cluster_id
     span = (
-        telemetry.current()
+        runtime.current()
         .tracer()
         .start_span(f"compute {name or 'graph'}", kind=SpanKind.PRODUCER, attributes=attributes)
     )

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from dask_otel import post_mortem
+from dask_otel.tools import post_mortem
 
 #: Waterfall bar width in characters, and how many traces get one.
 BAR_WIDTH = 40

@@ -33,8 +33,9 @@ from dask import delayed
 from distributed import Client
 
 import dask_otel
-from dask_otel import summary, telemetry
-from dask_otel.sdk import FILE_EXPORT_DIR
+from dask_otel import runtime
+from dask_otel.distro.sdk import FILE_EXPORT_DIR
+from dask_otel.tools import summary
 
 #: Exit code of a demo whose telemetry did not (all) reach the collector.
 EXPORT_FAILED = 1
@@ -97,7 +98,7 @@ def checksum(crcs: list[int]) -> int:
 def log_and_square(x: int) -> int:
     import logging
 
-    logging.getLogger("dask_otel.demo.task").warning("squaring %d inside a task", x)
+    logging.getLogger("dask_otel.tools.demo.task").warning("squaring %d inside a task", x)
     return x * x
 
 
@@ -240,9 +241,9 @@ def unreachable(endpoint: str) -> str | None:
 def _flush_and_count() -> tuple[bool, dict[tuple[str, str], int]]:
     """In one process: export what it holds (bounded); whether that finished, and what
     its exporters lost so far by (signal, reason)."""
-    from dask_otel import sdk
+    from dask_otel.distro import sdk
 
-    finished = telemetry.flush(telemetry.current(), FLUSH_TIMEOUT)
+    finished = runtime.flush(runtime.current(), FLUSH_TIMEOUT)
     return finished, sdk.dropped()
 
 

@@ -18,8 +18,8 @@ from typing import Any
 
 from opentelemetry._logs import LoggerProvider, LogRecord, SeverityNumber
 
-from dask_otel import errors, ids
-from dask_otel.telemetry import SCOPE
+from dask_otel.runtime import SCOPE
+from dask_otel.spans import errors, ids
 from dask_otel.version import __version__
 
 #: Items kept from a list, set or dict in an event body (e.g. lost task keys); the rest

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from time import perf_counter, sleep
 from typing import Any
 
-from dask_otel import telemetry
-from dask_otel.report import report_once
+from dask_otel import runtime
+from dask_otel.runtime import report_once
 
 logger = logging.getLogger(__name__)
 
@@ -204,7 +204,7 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def drain(emitter: SpanEmitter, providers: telemetry.Providers, timeout: float) -> None:
+def drain(emitter: SpanEmitter, providers: runtime.Providers, timeout: float) -> None:
     """Emit what ``emitter`` holds, then export it: each step waits half of ``timeout``."""
     emitter.close(timeout / 2)
-    telemetry.flush(providers, timeout / 2)
+    runtime.flush(providers, timeout / 2)

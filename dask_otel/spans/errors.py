@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
-from dask_otel.ids import cap
+from dask_otel.spans.ids import cap
 
 #: The class name at the start of an exception's repr, e.g. ``KeyError`` in ``KeyError('k')``.
 _REPR_TYPE = re.compile(r"([A-Za-z_][\w.]*)\(")

@@ -1,7 +1,7 @@
 """``dask-otel summarize``: the "Workers that died" section.
 
 Reads the ``dask.worker.died`` records that Nannies running dask-otel emit (see
-:mod:`dask_otel.nanny`) and prints, per death: when, the worker and its Nanny, why it
+:mod:`dask_otel.plugins.nanny`) and prints, per death: when, the worker and its Nanny, why it
 died, its memory in the seconds before, what it was executing and in which traces, the
 failed tasks (KilledWorker) that name it, and its last log lines.
 """

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dask_otel.report import report_once
+from dask_otel.config import FLIGHT_RECORDER_MIN_SIZE
+from dask_otel.runtime import report_once
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +64,8 @@ FREE, EXECUTING, FINISHED = 0, 1, 2
 SLOTS = 256
 #: Share of the rings' space that holds spans; log records get the rest.
 SPAN_SHARE = 0.75
-#: Smallest size: room for the slots and 64 kiB of rings.
-MIN_SIZE = 512 * 1024
+#: Smallest size (the settings refuse less).
+MIN_SIZE = FLIGHT_RECORDER_MIN_SIZE
 #: File name suffix; the stem is the worker's pid.
 SUFFIX = ".flight"
 
@@ -217,7 +218,7 @@ class FlightRecorder:
         first = HEADER_SIZE + META_SIZE + slots * SLOT_SIZE
         self.spans = Ring(self.buffer, _RING_BLOCKS[0], first, span_size)
         self.logs = Ring(self.buffer, _RING_BLOCKS[1], first + span_size, ring_space - span_size)
-        #: Keeps the copies in the order of the export queues (see :mod:`dask_otel.sdk`).
+        #: Keeps the copies in the order of the export queues (see :mod:`dask_otel.distro.sdk`).
         self.lock = threading.Lock()
         self._free = list(range(slots - 1, -1, -1))
         #: Attempts that found no free slot (more tasks executing than slots).
@@ -292,11 +293,11 @@ class FlightRecorder:
     # -- telemetry (under self.lock, with the export queue's append) ---------------------
 
     def span(self, values: tuple, resource: Any, scope: Any) -> int | None:
-        """Copy a span as queued for export (:func:`dask_otel.sdk.compact`); its number."""
+        """Copy a span as queued for export (:func:`dask_otel.distro.sdk.compact`); its number."""
         return self._copy(self.spans, resource, scope, values)
 
     def log(self, values: tuple, resource: Any, scope: Any) -> int | None:
-        """Copy a log record as queued for export (:func:`dask_otel.sdk.compact_log`)."""
+        """Copy a log record as queued for export (:func:`dask_otel.distro.sdk.compact_log`)."""
         return self._copy(self.logs, resource, scope, values)
 
     def _copy(self, ring: Ring, resource: Any, scope: Any, values: tuple) -> int | None:
@@ -423,7 +424,7 @@ def open_for(worker: Any, size: int) -> FlightRecorder | None:
     folder = directory(nanny)
     if not folder.is_dir():
         return None
-    from dask_otel import sdk
+    from dask_otel.distro import sdk
 
     slots = max(SLOTS, 2 * worker.state.nthreads)
     try:
@@ -440,7 +441,7 @@ def open_for(worker: Any, size: int) -> FlightRecorder | None:
 
 def close(recorder: FlightRecorder) -> None:
     """The worker closed normally: stop copying, and delete its recorder."""
-    from dask_otel import sdk
+    from dask_otel.distro import sdk
 
     sdk.mirror(None)
     recorder.close()

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 from distributed.spill import PickleError, SpillBuffer
 from opentelemetry import trace
 
-from dask_otel import ids
-from dask_otel.deferred import EndedSpans
-from dask_otel.report import report_once
+from dask_otel.runtime import report_once
+from dask_otel.spans import ids
+from dask_otel.spans.records import EndedSpans
 
 if TYPE_CHECKING:
     from distributed import Worker

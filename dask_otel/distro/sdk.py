@@ -41,8 +41,8 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.span import TraceState
 
-from dask_otel import telemetry
-from dask_otel.report import report_once, say_once
+from dask_otel import runtime
+from dask_otel.runtime import report_once, say_once
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ class DaskOtelConfigurator(_OTelSDKConfigurator):
         global _owned
         if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
             return
-        if telemetry.is_configured():
+        if runtime.is_configured():
             return
         role = kwargs.pop("role", None) or infer_role(sys.argv)
         for name, value in ENV_DEFAULTS.items():
@@ -178,7 +178,7 @@ def _shutdown_at_exit() -> None:
         timeout = load_settings().flush_timeout
     except Exception:
         timeout = 5.0
-    telemetry.shutdown(telemetry.Providers(*_owned.providers), timeout)  # type: ignore[arg-type]
+    runtime.shutdown(runtime.Providers(*_owned.providers), timeout)  # type: ignore[arg-type]
 
 
 def _file_exporter_paths(directory: str, role: str | None) -> dict[type, dict[str, str]]:
@@ -237,7 +237,7 @@ def configure(role: str) -> bool:
     Configures the SDK when nothing did yet; names the providers dask-otel configured
     before the role was known; leaves other configurations alone.
     """
-    if not telemetry.is_configured():
+    if not runtime.is_configured():
         if _failure is None:
             DaskOtelConfigurator().configure(role=role)
         return _failure is None
@@ -338,7 +338,7 @@ def _observe_dropped(options: CallbackOptions) -> list[Observation]:
             counts.setdefault((signal, reason), 0)
     # A scheduler or worker in this process names the cluster its losses belong to.
     identity = {}
-    logs = sys.modules.get("dask_otel.logs")
+    logs = sys.modules.get("dask_otel.signals.logs")
     if logs is not None and "dask.cluster.id" in logs.identity:
         identity["dask.cluster.id"] = logs.identity["dask.cluster.id"]
     return [
@@ -349,11 +349,11 @@ def _observe_dropped(options: CallbackOptions) -> list[Observation]:
 
 def _register_dropped_counter() -> None:
     """The ``dask_otel.exporter.dropped`` counter, on the meter provider just configured."""
-    from dask_otel.metrics import DROPPED, INSTRUMENTS
+    from dask_otel.signals.instruments import DROPPED, INSTRUMENTS
     from dask_otel.version import __version__
 
     spec = INSTRUMENTS[DROPPED]
-    meter = metrics.get_meter_provider().get_meter(telemetry.SCOPE, __version__)
+    meter = metrics.get_meter_provider().get_meter(runtime.SCOPE, __version__)
     meter.create_observable_counter(
         DROPPED, callbacks=[_observe_dropped], unit=spec.unit, description=spec.description
     )
@@ -726,7 +726,7 @@ def _counting_processors() -> dict[str, Any]:
 # -- the flight recorder's copy of the export queues ---------------------------------------
 #
 # A worker supervised by a dask-otel Nanny copies each span and log record it queues for
-# export into shared memory (dask_otel.flight), numbered in the order of the queue, and
+# export into shared memory (dask_otel.signals.flight), numbered in the order of the queue, and
 # notes the newest number exported so far; if the process dies, its Nanny exports those
 # with a higher number. The queue is first in, first out: every record older than one
 # exported has left it (exported, or dropped from a full queue).
@@ -804,12 +804,12 @@ def mirror(recorder: Any) -> set[str]:
 # -- records another process queued and never exported ------------------------------------
 
 
-def recover(providers: telemetry.Providers, objects: list[tuple], spans: list, logs: list) -> int:
+def recover(providers: runtime.Providers, objects: list[tuple], spans: list, logs: list) -> int:
     """Export a dead worker's spans and log records (from its flight recorder) through
     this process's processors, under the worker's own resource and scopes.
 
     ``objects`` describe the resources and scopes that the records number; records are
-    ``(numbers, values)`` as :mod:`dask_otel.flight` wrote them. Returns how many were
+    ``(numbers, values)`` as :mod:`dask_otel.signals.flight` wrote them. Returns how many were
     handed over (none with an SDK whose processors are out of reach: said once).
     """
     from opentelemetry.sdk._logs import ReadWriteLogRecord

@@ -16,7 +16,7 @@ the terminate threshold, and is the one process that sees how it ended. With thi
   that attempt's span in the task's trace, with a ``dask.task.lost`` record in it;
 - whenever the worker's process ends without closing, it exports what the worker had
   queued for export but not sent, read from the worker's flight recorder
-  (:mod:`dask_otel.flight`).
+  (:mod:`dask_otel.signals.flight`).
 """
 
 from __future__ import annotations
@@ -42,10 +42,11 @@ from opentelemetry._logs import LogRecord, SeverityNumber
 from opentelemetry.trace import Status, StatusCode
 from tornado.ioloop import PeriodicCallback
 
-from dask_otel import emitter, flight, ids, logs, metrics, telemetry
+from dask_otel import runtime
 from dask_otel.activation import activate
-from dask_otel.report import report_once
-from dask_otel.telemetry import PLUGIN_NAME
+from dask_otel.runtime import PLUGIN_NAME, report_once
+from dask_otel.signals import flight, logs, metrics
+from dask_otel.spans import emitter, ids
 from dask_otel.version import __version__
 
 if TYPE_CHECKING:
@@ -137,7 +138,7 @@ class DaskOtelNannyPlugin(NannyPlugin):
         settings = activate("nanny", nanny)
         if settings is None:
             return
-        self._watch = WorkerWatch(nanny, telemetry.current(), settings)
+        self._watch = WorkerWatch(nanny, runtime.current(), settings)
         self._watch.start()
 
     async def teardown(self, nanny: Nanny) -> None:
@@ -179,12 +180,12 @@ class WorkerWatch:
     worker process's exit callback.
     """
 
-    def __init__(self, nanny: Nanny, providers: telemetry.Providers, settings: Settings) -> None:
+    def __init__(self, nanny: Nanny, providers: runtime.Providers, settings: Settings) -> None:
         self.nanny = nanny
         self.providers = providers
         self.settings = settings
         self.folder = flight.directory(nanny.address)
-        self._logger = providers.logger_provider.get_logger(f"{telemetry.SCOPE}.nanny", __version__)
+        self._logger = providers.logger_provider.get_logger(f"{runtime.SCOPE}.nanny", __version__)
         interval = parse_timedelta(
             dask.config.get("distributed.worker.memory.monitor-interval"), default="ms"
         )
@@ -353,7 +354,7 @@ class WorkerWatch:
         with contextlib.suppress(OSError):
             path.unlink()
         if wreck is not None:
-            from dask_otel import sdk
+            from dask_otel.distro import sdk
 
             sdk.recover(
                 self.providers, wreck.objects, wreck.unexported_spans, wreck.unexported_logs

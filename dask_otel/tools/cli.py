@@ -44,8 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     summarize.add_argument("path", type=Path, help="an OTLP JSON file or a directory of them")
     args = parser.parse_args(argv)
 
-    from dask_otel import demo as demo_module
-    from dask_otel import summary
+    from dask_otel.tools import demo as demo_module
+    from dask_otel.tools import summary
 
     try:
         if args.command == "demo":

@@ -28,7 +28,7 @@ from distributed.worker import thread_state
 from opentelemetry._logs import LoggerProvider, LogRecord
 from opentelemetry.instrumentation.logging.handler import LoggingHandler
 
-from dask_otel import errors, ids
+from dask_otel.spans import errors, ids
 
 logger = logging.getLogger(__name__)
 

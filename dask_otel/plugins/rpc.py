@@ -24,8 +24,9 @@ from distributed.comm.addressing import get_address_host_port
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from dask_otel import emitter, errors, logs
-from dask_otel.deferred import EndedSpans
+from dask_otel.signals import logs
+from dask_otel.spans import emitter, errors
+from dask_otel.spans.records import EndedSpans
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable

@@ -7,7 +7,7 @@ event loop per task, Dask's bottleneck. A :class:`DeferredSpan` costs a microsec
 two: it draws its span id when first asked (children and log records name their parent;
 most tasks have neither, and the emitter asks off the loop), keeps whatever is done to
 it as calls, and :meth:`DeferredSpan.replay` applies them to the real span, started
-with the same id by :class:`dask_otel.ids.SpanIdSetter`, in a background thread once
+with the same id by :class:`dask_otel.spans.ids.SpanIdSetter`, in a background thread once
 the task is over. :class:`EndedSpans` builds them, and the spans of other work over by
 then (transfers, spills, requests), from times and attributes.
 """
@@ -23,8 +23,8 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.util import types
 
-from dask_otel import errors, ids
-from dask_otel.emitter import SpanEmitter
+from dask_otel.spans import errors, ids
+from dask_otel.spans.emitter import SpanEmitter
 
 #: Calls kept per span (the SDK keeps at most 128 attributes, events and links anyway):
 #: user code calling ``set_attribute`` in a loop must not grow a task's memory.
@@ -128,7 +128,7 @@ class DeferredSpan(trace.Span):
 
 class TaskAttemptSpan(DeferredSpan):
     """The span current while a task attempt runs: its id is the task's span id in the
-    attempt's generation (:meth:`dask_otel.ids.Carrier.span_id`), computed when first
+    attempt's generation (:meth:`dask_otel.spans.ids.Carrier.span_id`), computed when first
     asked, so that the span can be emitted as the ``task`` span or as an ``attempt``."""
 
     __slots__ = ("_carrier", "_key")
