@@ -420,7 +420,7 @@ def rerun(runner: Runner, test_id: str, work: Path) -> dict[str, Any]:
     fails = dict.fromkeys(MODES, 0)
     for i in range(runner.args.reruns):
         for mode in MODES if i % 2 else MODES[::-1]:
-            safe = re.sub(r"[^\w.-]+", "_", test_id)[-120:]
+            safe = re.sub(r"[^\w-]+", "_", test_id)[-120:]  # no dot: with_suffix()
             out = work / "reruns" / f"{safe}-{mode}-{i}"
             out.parent.mkdir(exist_ok=True)
             outcome = runner.run(mode, [node_id(test_id)], out)["outcomes"].get(test_id, {})
