@@ -26,7 +26,8 @@ Each test that passed plain but failed or errored instrumented is run again on i
 ``--reruns`` times per mode: ``confirmed`` if it failed instrumented at least twice and
 never plain, ``intermittent`` if once, else ``flaky``. Per file, the outcome counts,
 wall times, load averages and suspects go to ``OUT/<file>.json``; ``--report OUT``
-prints the table of every file in OUT. Exit code: 1 if a regression is confirmed.
+prints the table of every file in OUT. Exit code: 1 if a regression is confirmed, 2 if
+dask-otel was not active in the instrumented run (or was in the plain one).
 
 Examples::
 
@@ -591,6 +592,10 @@ def main(argv: list[str] | None = None) -> int:
                 first = MODES[len(list(args.out.glob("*.py.json"))) % 2]
                 record = compare_file(runner, tally, name, first, args.out)
                 log(summary_line(record))
+                if record["dask_otel_active"] != {"plain": False, "instrumented": True}:
+                    log(f"dask-otel active: {record['dask_otel_active']}: no record kept")
+                    (args.out / f"{name}.json").unlink()
+                    return 2  # e.g. stale entry points of an editable install
                 confirmed += sum(
                     r["verdict"] == "confirmed"
                     for r in record["passed_plain_failed_instrumented"].values()
