@@ -6,7 +6,7 @@ task attempt's slot (started, ended, reported); medians with min-max over the ro
 
 On a workload (default): a ``LocalCluster`` whose workers run in processes of their own
 (each with a Nanny running dask-otel, exporting spans, metrics and logs over OTLP/gRPC
-to ``counting_receiver.py``), every task traced, with the flight recorder on and off
+to the tests' counting OTLP receiver), every task traced, with the flight recorder on and off
 (``otel.nanny.flight-recorder: 0``) in interleaved rounds; the ratios on/off of wall time
 and of the worker processes' CPU time, median with min-max.
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import statistics
 import subprocess
@@ -230,15 +231,25 @@ def one_round(
         return wall, cpu + groups["workers"], groups
 
 
+#: The OTLP receiver the tests, benchmarks and scripts share.
+RECEIVER_SCRIPT = Path(__file__).resolve().parent.parent / "tests" / "otlp_receiver.py"
+
+
 def start_receiver() -> tuple[str, subprocess.Popen]:
-    """(endpoint, process) of ``counting_receiver.py`` in another process."""
+    """(endpoint, process) of the tests' counting OTLP receiver in another process."""
     receiver = subprocess.Popen(
-        [sys.executable, str(Path(__file__).with_name("counting_receiver.py"))],
+        [sys.executable, str(RECEIVER_SCRIPT), "--count"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
     return receiver.stdout.readline().strip(), receiver  # type: ignore[union-attr]
+
+
+def spans_received(receiver: subprocess.Popen) -> int:
+    """Spans the receiver counted, read from its last answer once its input ends."""
+    state = json.loads(receiver.communicate("")[0].strip().splitlines()[-1])
+    return sum(state["spans"].values())
 
 
 def make_exporter(endpoint: str | None) -> SpanExporter:
@@ -370,7 +381,7 @@ def main() -> None:
         for provider in providers.values():
             provider.shutdown()
         meter_provider.shutdown()
-        received = receiver.communicate("")[0].strip() if receiver is not None else None
+        received = spans_received(receiver) if receiver is not None else None
 
     for name in modes[1:]:
         report(args, name, results["plain"], results[name])

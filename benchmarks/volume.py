@@ -30,74 +30,14 @@ import sys
 import time
 from pathlib import Path
 
-RECEIVER = """
-import json, sys, threading, time
-from collections import Counter
-sys.path.insert(0, {tests!r})
-from otlp_receiver import _MESSAGES, OTLPReceiver
-
-
-class CountingReceiver(OTLPReceiver):
-    # Counts spans by name straight from the protobuf: decoding 200,000 spans into dicts
-    # would make the receiver, not the exporter, the bottleneck.
-    def __init__(self):
-        super().__init__()
-        self.counts = Counter()
-        self.log_records = 0
-        self.span_requests = 0
-        self.span_bytes = self.max_request = 0
-        self.first = self.last = None
-        self.count_lock = threading.Lock()
-
-    def _ingest(self, transport, signal, request):
-        names = Counter()
-        records = 0
-        size = request.ByteSize()
-        if signal == "traces":
-            for rs in request.resource_spans:
-                for ss in rs.scope_spans:
-                    for span in ss.spans:
-                        names[span.name.split(" ", 1)[0]] += 1
-        elif signal == "logs":
-            records = sum(len(sl.log_records) for rl in request.resource_logs
-                          for sl in rl.scope_logs)
-        now = time.monotonic()
-        with self.count_lock:
-            self.counts.update(names)
-            self.log_records += records
-            if names:
-                self.span_requests += 1
-                self.span_bytes += size
-                self.max_request = max(self.max_request, size)
-                self.first = self.first or now
-                self.last = now
-        return _MESSAGES[signal][1]()
-
-
-with CountingReceiver() as rx:
-    print(rx.grpc_endpoint, flush=True)
-    for line in sys.stdin:
-        with rx.count_lock:
-            if line.strip() == "reset":
-                rx.counts.clear(); rx.log_records = 0; rx.span_requests = 0
-                rx.span_bytes = rx.max_request = 0
-                rx.first = rx.last = None
-            state = {{"spans": dict(rx.counts), "log_records": rx.log_records,
-                      "requests": rx.span_requests, "bytes": rx.span_bytes,
-                      "max_request": rx.max_request,
-                      "seconds": (rx.last - rx.first) if rx.first else 0.0,
-                      "idle": (time.monotonic() - rx.last) if rx.last else None}}
-        print(json.dumps(state), flush=True)
-"""
-
 
 class Receiver:
     """The receiver process: ``state()`` asks for its counts, ``reset()`` zeroes them."""
 
     def __init__(self) -> None:
-        tests = str(Path(__file__).resolve().parent.parent / "tests")
+        script = Path(__file__).resolve().parent.parent / "tests" / "otlp_receiver.py"
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", RECEIVER.format(tests=tests)],
+            [sys.executable, str(script), "--count"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
