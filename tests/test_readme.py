@@ -1,5 +1,6 @@
 """README is the user's manual: it must name every instrument and config key the code has,
-with the defaults the code ships, and every security promise must name a test that holds it.
+with the defaults the code ships; every security promise must name a test that holds it,
+and every link into the repository (docs moved out of README) must resolve.
 """
 
 from __future__ import annotations
@@ -68,3 +69,19 @@ def test_every_security_line_names_a_test_that_exists():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
         }
         assert name in tests, f"{path}::{name}"
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_link_to_a_file_of_this_repository_resolves():
+    links = re.findall(r"\]\((?!https?:)([^)#\s]*)(?:#([^)\s]+))?\)", README)
+    assert links
+    for path, anchor in links:
+        target = ROOT / path if path else ROOT / "README.md"
+        assert target.is_file(), path
+        if anchor:
+            headings = re.findall(r"^#+ (.+)$", target.read_text(), re.MULTILINE)
+            assert anchor in {slug(heading) for heading in headings}, f"{path}#{anchor}"
