@@ -30,6 +30,12 @@ def test_preload_scheduler_and_workers(receiver, processes):
     processes.start([dask, "worker", *common, "--preload-nanny", "dask_otel"], env, "worker1")
     address = json.loads(scheduler_file.read_text())["address"]
     check_scheduler_rooted(receiver, run_workload(address, env, processes.tmp_path))
+    # The Nanny that preloads dask_otel exports its own records, named as a Nanny.
+    nanny = receiver.wait_for(
+        lambda r: [x for x in r.log_records() if x["resource"]["service.name"] == "dask-nanny"]
+    )
+    (started,) = [x for x in nanny if "Start Nanny at" in str(x["body"])]
+    assert started["attributes"]["dask.nanny.address"] in str(started["body"])
 
 
 def test_preload_config(receiver, tmp_path):

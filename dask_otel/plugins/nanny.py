@@ -222,6 +222,7 @@ class WorkerWatch:
             nanny.handlers["kill"] = nanny.kill
         if nanny.process is not None:  # registered while its worker runs
             nanny.process.on_exit = nanny._on_worker_exit_sync
+        logs.add_nanny(nanny.address, None)
         self._note_worker()
         self._callback.start()
         self._identity = asyncio.ensure_future(self._fetch_cluster_id())
