@@ -124,10 +124,15 @@ def test_killed_worker_post_mortem(receiver, processes):
         "hog-0",
         "sleeper-0",
     ]
-    spans = {(s["trace_id"], s["span_id"]) for s in receiver.spans()}
+    spans = {(s["trace_id"], s["span_id"]): s for s in receiver.spans()}
     for span in lost:
         assert span["status_code"] == 2 and span["resource"]["service.name"] == "dask-nanny"
-        assert (span["trace_id"], span["parent_span_id"]) in spans
+        # Under the span the scheduler emits for the attempt lost with the worker.
+        parent = spans[span["trace_id"], span["parent_span_id"]]
+        assert parent["name"] == f"attempt {span['attributes']['dask.task.prefix']}"
+        assert (
+            parent["attributes"]["dask.worker.address"] == span["attributes"]["dask.worker.address"]
+        )
     records = [r for r in receiver.log_records() if r["event_name"] == "dask.task.lost"]
     assert {(r["trace_id"], r["span_id"]) for r in records} == {
         (s["trace_id"], s["span_id"]) for s in lost
@@ -183,6 +188,7 @@ def segfault(x: int) -> int:
     return x
 
 
+@pytest.mark.parametrize("ratio", [1.0, 0.0])
 @pytest.mark.parametrize(
     ("task", "cause", "how"),
     [
@@ -190,18 +196,23 @@ def segfault(x: int) -> int:
         (segfault, "crash", ("dask.worker.death.signal", "SIGSEGV")),
     ],
 )
-def test_nanny_in_this_process_explains_each_death(telemetry, monkeypatch, task, cause, how):
-    """A ``LocalCluster``'s Nannies run in the client's process, with its providers."""
+def test_nanny_in_this_process_explains_each_death(telemetry, monkeypatch, task, cause, how, ratio):
+    """A ``LocalCluster``'s Nannies run in the client's process, with its providers. A
+    thinned task (``ratio`` 0) lost with its workers is traced all the same."""
     for name in ("TRACES", "METRICS", "LOGS"):  # worker processes export nowhere
         monkeypatch.setenv(f"OTEL_{name}_EXPORTER", "none")
     with (
-        dask.config.set({"distributed.scheduler.allowed-failures": 1}),
+        dask.config.set(
+            {"distributed.scheduler.allowed-failures": 1, "otel.task.sample-ratio": ratio}
+        ),
         in_process_cluster(processes=True, host="127.0.0.1") as client,
     ):
         key = f"{task.__name__}-1"
         with pytest.raises(KilledWorker):
             client.submit(task, 1, key=key).result(timeout=120)
         flush_emitters(client)
+    # The Nannies (in this process) have seen every exit once the cluster closed.
+    assert emitter.shared().flush(10)
 
     deaths = [r for r in telemetry.logs() if r.event_name == "dask.worker.died"]
     assert len(deaths) == 2

@@ -62,6 +62,11 @@ CRASH_SIGNALS = frozenset(
     for name in ("SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT")
     if hasattr(signal, name)
 )
+#: Signals that stop a whole process group (systemd, Ctrl-C): a worker that gets one
+#: while its Nanny closes was stopped with it.
+STOP_SIGNALS = frozenset(
+    getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, name)
+)
 #: Longest a log line quoted in a death record, in multiples of otel.max-attribute-length.
 LINE_LENGTH_FACTOR = 2
 #: How long a Nanny keeps asking for the scheduler's id (``dask.cluster.id``).
@@ -85,7 +90,7 @@ class Death:
     exitcode: int
     time_ns: int
     worker: str | None
-    #: The Nanny asked for it (restart, close): not a death to explain.
+    #: The Nanny asked for it (restart, close), or it was stopped with its Nanny.
     expected: bool
     memory_kill: MemoryKill | None
     #: (time ns, resident bytes), oldest first.
@@ -317,10 +322,11 @@ class WorkerWatch:
         pid = self.pid
         assert pid is not None
         nanny = self.nanny
+        # Not a death to explain: a process that exited with 0, one the Nanny stopped
+        # itself, or the signal that is stopping the Nanny too (its process group).
+        closing = self._closed or nanny.status.name not in ("running", "starting")
         expected = (
-            self._closed
-            or self._expected_pid == pid
-            or nanny.status.name not in ("running", "starting")
+            exitcode == 0 or self._expected_pid == pid or (closing and -exitcode in STOP_SIGNALS)
         )
         oom_killed = False
         if self._oom_kills is not None:
@@ -333,7 +339,7 @@ class WorkerWatch:
             exitcode=exitcode,
             time_ns=time_ns(),
             worker=self.worker,
-            expected=expected or exitcode == 0,
+            expected=expected,
             memory_kill=self._memory_kill,
             memory=tuple(self.memory.readings),
             memory_limit=manager.memory_limit,
@@ -410,11 +416,7 @@ class DeathRecord:
             died["dask.task.unreported"] = unreported
         if attempts:
             died["dask.task.keys"] = [ids.cap(a.key, self.limit) for a in attempts]
-            traces = {
-                f"{c.carrier.context.trace_id:032x}"
-                for c in map(_carrier, attempts)
-                if c is not None
-            }
+            traces = {f"{c.trace_id:032x}" for c in map(_parent, attempts) if c is not None}
             if traces:
                 died["dask.trace_ids"] = sorted(traces)
         otel_logger.emit(
@@ -439,7 +441,7 @@ class DeathRecord:
         attributes: dict[str, Any],
     ) -> None:
         """The attempt's ``died <prefix>`` span and ``dask.task.lost`` record."""
-        carrier = _carrier(attempt)
+        parent = _parent(attempt)
         task = {
             "dask.task.key": ids.cap(attempt.key, self.limit),
             "dask.task.prefix": ids.cap(attempt.prefix, self.limit),
@@ -447,10 +449,10 @@ class DeathRecord:
         }
         why = self._why()
         context = _NO_SPAN
-        if carrier is not None:
+        if parent is not None:
             span = tracer.start_span(
                 f"died {task['dask.task.prefix']}",
-                context=ids.task_context(carrier),
+                context=trace.set_span_in_context(trace.NonRecordingSpan(parent)),
                 start_time=attempt.start_ns,
                 attributes={**attributes, **task},
             )
@@ -564,10 +566,21 @@ class DeathRecord:
 _NO_SPAN = trace.set_span_in_context(trace.INVALID_SPAN)
 
 
-def _carrier(attempt: flight.Attempt) -> ids.TaskRef | None:
-    """The attempt's task, if traced: the attempt's span (the scheduler's lost ``attempt``
-    span) has the id of the generation its annotation names."""
-    return ids.task_ref(attempt.annotation, attempt.key)
+def _parent(attempt: flight.Attempt) -> trace.SpanContext | None:
+    """The span a lost attempt's ``died`` span hangs under, named from the annotation the
+    attempt started with: the scheduler's ``attempt`` span (which it emits for a thinned
+    task too), or with ``otel.scheduler.task-spans: all`` the task's ``task`` span (the
+    same id); with no dask-otel scheduler, the submitting client's span."""
+    carrier = ids.parse(attempt.annotation)
+    if carrier is None:
+        return None
+    if carrier.from_client or carrier.scheduler_spans:
+        if not carrier.context.trace_flags.sampled:
+            return None  # nothing of this task is traced
+        if carrier.from_client:
+            return carrier.context
+    trace_id, span_id = ids.attempt_span_id(attempt.annotation, attempt.key)  # type: ignore[misc]
+    return trace.SpanContext(trace_id, span_id, True, trace.TraceFlags(trace.TraceFlags.SAMPLED))
 
 
 def _line(entry: tuple, limit: int) -> str:
