@@ -133,6 +133,11 @@ def test_killed_worker_post_mortem(receiver, processes):
         assert (
             parent["attributes"]["dask.worker.address"] == span["attributes"]["dask.worker.address"]
         )
+        if parent["name"] == "attempt hog":  # the scheduler heard of the memory kill first
+            assert "memory limit" in parent["status_message"]
+            assert parent["attributes"]["dask.worker.death.cause"] == "memory"
+            assert parent["attributes"]["dask.worker.memory.limit"] == MEMORY_LIMIT
+            assert parent["attributes"]["dask.worker.memory.rss_at_kill"] > 0.95 * MEMORY_LIMIT
     records = [r for r in receiver.log_records() if r["event_name"] == "dask.task.lost"]
     assert {(r["trace_id"], r["span_id"]) for r in records} == {
         (s["trace_id"], s["span_id"]) for s in lost

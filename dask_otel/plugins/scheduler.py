@@ -178,6 +178,9 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         self._lost: set[Any] = set()
         #: Workers each task died on (unexpected removals), until it ends.
         self._died_on: dict[Any, list[str]] = {}
+        #: Workers a Nanny's memory monitor is killing (Dask's ``worker-restart-memory``
+        #: event comes first), until removed: their lost attempts name the cause.
+        self._memory_kills: dict[str, dict[str, Any]] = {}
         self._emitter: SpanEmitter | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -350,6 +353,13 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
             return
         if topic == "all" and isinstance(msg, dict) and msg.get("action") == "remove-worker":
             self._remove_worker(msg)
+        elif topic == "worker-restart-memory" and isinstance(msg, dict):
+            ws = self._scheduler.workers.get(msg.get("worker"))  # type: ignore[union-attr]
+            self._memory_kills[str(msg.get("worker"))] = {
+                "dask.worker.death.cause": "memory",
+                "dask.worker.memory.rss_at_kill": int(msg.get("rss") or 0),
+                **({"dask.worker.memory.limit": ws.memory_limit} if ws and ws.memory_limit else {}),
+            }
         # Dask publishes one event under several topics (``all`` and a worker's address)
         # in one loop: gather them, export once from the background thread.
         if self._events.add(topic, msg):
@@ -374,6 +384,7 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
             if ts is not None and ts.state == "processing":
                 self._lost.add(key)
                 self._lose_attempt(ts, worker, expected, now)
+        self._memory_kills.pop(worker, None)
 
     # -- tasks (hot path) -----------------------------------------------------------------
 
@@ -489,6 +500,7 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
             **self._task_attributes(ts),
             "dask.worker.address": worker or "",
             "dask.attempt.outcome": "retired" if expected else "worker-died",
+            **(self._memory_kills.get(worker, {}) if worker and not expected else {}),
         }
         if carrier.generation:
             attributes["dask.task.generation"] = carrier.generation
@@ -512,7 +524,8 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
             attributes=attributes,
         )
         if not expected:
-            span.set_status(Status(StatusCode.ERROR, "worker died"))
+            memory = "dask.worker.death.cause" in attributes
+            span.set_status(Status(StatusCode.ERROR, f"worker died{_MEMORY if memory else ''}"))
         span.end(now)
 
     def _next_generation(self, ts: Any, traced: bool = False) -> None:
@@ -696,6 +709,10 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         # After the final flush, whose collection still reads this scheduler.
         metrics.forget(self._meter_provider, self._scheduler)
         logs.remove_cluster(self._cluster_id)
+
+
+#: How an attempt span says that the Nanny's memory monitor killed its worker.
+_MEMORY = ": its Nanny terminated it over the memory limit"
 
 
 def _carrier(ts: Any) -> ids.Carrier | None:
