@@ -38,7 +38,7 @@ def test_demo_writes_files_and_summarizes_them(tmp_path):
         assert files.count([signal, "worker"]) == 2
     # The summary printed at the end names the injected failure, with its retry.
     assert "demo failure on input 42" in out.stdout
-    assert "attempts 2" in out.stdout
+    assert "2 attempt(s) on" in out.stdout
     assert "dask-otel summarize" in out.stdout
     assert "ModuleNotFoundError" not in out.stderr
 
@@ -46,11 +46,19 @@ def test_demo_writes_files_and_summarizes_them(tmp_path):
     assert not summary.skipped
     roles = {role for _, role in summary.by_operation}
     assert roles == {"dask-client", "dask-scheduler", "dask-worker"}
-    assert summary.metric_total("dask.worker.transfer.received") > 0
-    assert summary.metric_total("dask.worker.spill.size", "disk-write") > 0
+    workers = summary.workers.values()
+    assert sum(w.received[1] for w in workers) > 0  # bytes moved between the workers
+    assert sum(w.spilled[1] for w in workers) > 0
     assert summary.severities["WARN"] >= 4  # the log lines written inside tasks
-    (failure,) = summary.failures
-    assert failure["attempts"] == 2 and len(set(failure["workers"])) >= 1
+    ((_, key, failure),) = summary.failures()
+    assert key.startswith("fail_always-") and failure.attempts == 2
+    # Every computation is named after what it ran.
+    roots = sorted(t.root for t in summary.traces.values())
+    assert roots == [
+        f"compute {name}"
+        for name in ("checksum", "fail_always", "log_and_square", "mean", "random_block")
+    ]
+    assert "shutdown can only be called once" not in out.stdout + out.stderr
 
 
 def test_demo_exports_to_a_collector(tmp_path):
