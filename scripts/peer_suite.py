@@ -18,7 +18,8 @@ The tests come from a release tag of a git repository of distributed (``--source
 DIR --tag TAG``: ``git archive`` into a temporary directory, removed at exit) or from a
 source tree (``--source DIR``); wheels and sdists of distributed do not contain them.
 They run as package ``distributed_tests`` (``distributed.tests.`` in them is rewritten
-to it) so that the installed ``distributed`` is the one tested, with the source's
+to it) so that the installed ``distributed`` is the one tested (its ``tests/`` gets the
+TLS test certificates, which wheels lack), with the source's
 conftest.py and pytest configuration (warnings are errors, strict markers), a per-test
 timeout (``signal`` method, so a hang costs one test), ``-p no:cacheprovider``, no xdist.
 
@@ -121,7 +122,26 @@ def run_directory(args: argparse.Namespace) -> Iterator[Path]:
             conftest = conftest.replace(plugin, '"distributed_pytest_resourceleaks"')
         (rundir / "conftest.py").write_text(conftest)
         (rundir / "pyproject.toml").write_text(pytest_config(source / "pyproject.toml"))
+        install_certificates(tests)
         yield rundir
+
+
+def install_certificates(tests: Path) -> None:
+    """The TLS test certificates, into the installed package's ``distributed/tests/``.
+
+    ``distributed.utils_test.get_cert`` reads them there, in the pytest process and in the
+    processes it starts (test_utils_test.py calls it at import, in every child that
+    unpickles a function of that module); wheels do not have them.
+    """
+    spec = importlib.util.find_spec("distributed")
+    assert spec is not None and spec.submodule_search_locations
+    target = Path(spec.submodule_search_locations[0]) / "tests"
+    missing = [p for p in tests.glob("*.pem") if not (target / p.name).exists()]
+    if missing:
+        target.mkdir(exist_ok=True)
+        for path in missing:
+            shutil.copy(path, target)
+        log(f"copied {len(missing)} TLS test certificates into {target}")
 
 
 def pytest_config(pyproject: Path) -> str:
@@ -231,7 +251,6 @@ class Runner:
         env.update(
             PYTHONPATH=str(self.rundir / "plugins"),
             PYTHONDONTWRITEBYTECODE="1",
-            PEER_SUITE_CERTS=str(self.rundir / PACKAGE),
             PEER_SUITE_PROBE_OUT=str(probe),
         )
         if mode == "instrumented":

@@ -1,9 +1,8 @@
 """pytest plugin that scripts/peer_suite.py loads in both runs of distributed's tests.
 
-It points ``distributed.utils_test.get_cert`` at the test certificates of the extracted
-tests (wheels have no ``distributed/tests``), and writes to ``PEER_SUITE_PROBE_OUT``
-whether dask-otel was active in the pytest process: the evidence that the instrumented
-run was instrumented and the plain run was not.
+It writes to ``PEER_SUITE_PROBE_OUT`` whether dask-otel was active in the pytest
+process: the evidence that the instrumented run was instrumented and the plain run was
+not.
 """
 
 from __future__ import annotations
@@ -39,9 +38,6 @@ def _state() -> dict[str, Any]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    import distributed.utils_test
-
-    distributed.utils_test.certs_dir = os.environ["PEER_SUITE_CERTS"]
     config.stash[_START] = _state()
 
 
