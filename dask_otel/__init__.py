@@ -18,7 +18,14 @@ from typing import Any
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
 from dask_otel import hooks, runtime
-from dask_otel.activation import activate, refuse_invalid_settings, settings_problem
+from dask_otel.activation import (
+    activate,
+    bridge_logs,
+    disabled_by_environment,
+    refuse_invalid_settings,
+    settings_problem,
+)
+from dask_otel.config import ConfigError, load_settings
 from dask_otel.package import _instruments
 from dask_otel.plugins import rpc
 from dask_otel.plugins.nanny import DaskOtelNannyPlugin
@@ -60,6 +67,13 @@ class DaskInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             logger_provider=kwargs.get("logger_provider"),
         )
         hooks.install()
+        if not kwargs and runtime.is_configured() and not disabled_by_environment():
+            # opentelemetry-instrument configures the SDK before it loads instrumentors:
+            # log records are exported from the start, not from the first Dask object on.
+            with contextlib.suppress(ConfigError):  # said when a Dask object activates
+                settings = load_settings()
+                if settings.enabled:
+                    bridge_logs(settings)
 
     def _uninstrument(self, **kwargs: Any) -> None:
         hooks.uninstall()

@@ -50,8 +50,6 @@ def activate(role: str, server: Any = None) -> Settings | None:
     from dask_otel import runtime
     from dask_otel.distro import sdk
     from dask_otel.plugins import rpc
-    from dask_otel.signals import logs
-    from dask_otel.spans import errors
 
     try:
         configured = sdk.configure(role)
@@ -60,6 +58,18 @@ def activate(role: str, server: Any = None) -> Settings | None:
         configured = False
     if not configured:  # a typo in an OTEL_* variable must not stop a cluster: untraced
         return None
+    bridge_logs(settings)
+    if settings.rpc_spans:
+        rpc.install(runtime.current().tracer(), settings)
+    return settings
+
+
+def bridge_logs(settings: Settings) -> None:
+    """Export this process's log records (``otel.logs``) from now on, redacted as set."""
+    from dask_otel import runtime
+    from dask_otel.signals import logs
+    from dask_otel.spans import errors
+
     errors.set_redaction(settings)
     if settings.logs_enabled:
         logs.install(
@@ -68,9 +78,6 @@ def activate(role: str, server: Any = None) -> Settings | None:
             settings.logs_level,
             settings.max_attribute_length,
         )
-    if settings.rpc_spans:
-        rpc.install(runtime.current().tracer(), settings)
-    return settings
 
 
 def settings_problem() -> str | None:

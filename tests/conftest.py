@@ -227,6 +227,19 @@ def wait_for_file(path: Path, procs: Processes, timeout: float = 60) -> None:
         time.sleep(0.1)
 
 
+def scheduler_address(path: Path, procs: Processes, timeout: float = 60) -> str:
+    """The address in a scheduler file, once Dask has written all of it (it appears
+    empty first: reading it then fails the test now and then)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return json.loads(path.read_text())["address"]
+        except (OSError, ValueError, KeyError):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no address in {path}\n{procs.logs()}") from None
+            time.sleep(0.1)
+
+
 def start_scheduler(
     procs: Processes, env: dict[str, str], instrumented: bool = True, name: str = "scheduler"
 ) -> str:
@@ -239,8 +252,7 @@ def start_scheduler(
     if instrumented:
         command = [bin_path("opentelemetry-instrument"), *command]
     procs.start(command, env, name)
-    wait_for_file(scheduler_file, procs)
-    return json.loads(scheduler_file.read_text())["address"]
+    return scheduler_address(scheduler_file, procs)
 
 
 def start_worker(

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import HERE, bin_path, otel_env, wait_for_file
+from conftest import HERE, bin_path, otel_env, scheduler_address, wait_for_file
 from traces import check_workload_telemetry, services
 
 OTEL = bin_path("opentelemetry-instrument")
@@ -53,7 +53,7 @@ def start_cluster(processes, env, worker_commands):
             env,
             f"worker{i}",
         )
-    return json.loads(scheduler_file.read_text())["address"]
+    return scheduler_address(scheduler_file, processes)
 
 
 def run_client(processes, env, address, *args, script="workload.py"):

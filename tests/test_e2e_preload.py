@@ -9,7 +9,7 @@ import json
 import subprocess
 import sys
 
-from conftest import HERE, bin_path, otel_env, wait_for_file
+from conftest import HERE, bin_path, otel_env, scheduler_address, wait_for_file
 from traces import check_workload_telemetry
 
 
@@ -28,7 +28,7 @@ def test_preload_scheduler_and_workers(receiver, processes):
     # One worker preloads in the worker process, the other in its Nanny.
     processes.start([dask, "worker", *common, "--preload", "dask_otel"], env, "worker0")
     processes.start([dask, "worker", *common, "--preload-nanny", "dask_otel"], env, "worker1")
-    address = json.loads(scheduler_file.read_text())["address"]
+    address = scheduler_address(scheduler_file, processes)
     check_scheduler_rooted(receiver, run_workload(address, env, processes.tmp_path))
     # The Nanny that preloads dask_otel exports its own records, named as a Nanny.
     nanny = receiver.wait_for(

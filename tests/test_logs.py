@@ -8,7 +8,7 @@ import weakref
 
 import pytest
 from _pytest.logging import LogCaptureHandler
-from conftest import flush_emitters, in_process_cluster
+from conftest import flush_emitters, in_process_cluster, instrumented
 from distributed import Client, LocalCluster
 
 from dask_otel.signals import logs
@@ -167,3 +167,18 @@ def test_events_published_in_one_tick_are_all_exported(telemetry, cluster_client
     names = [r.event_name for r in telemetry.logs() if r.event_name]
     assert names.count("dask.first") == 1 and names.count("dask.second") == 1
     assert "dask.steal" not in names
+
+
+def test_no_logger_gets_a_handler_and_uninstrument_puts_logging_back():
+    """A handler on the root would make Python think logging is configured (no last
+    resort, no basicConfig): the bridge is on no logger (tests/test_stderr.py runs it)."""
+    before = logging.Logger.callHandlers
+    with instrumented() as telemetry:
+        with in_process_cluster(n_workers=1) as client:
+            assert client.submit(log_marker, 4).result() == 4
+            flush_emitters(client)
+        for name in ("", "distributed", "user.code"):
+            handlers = logging.getLogger(name or None).handlers
+            assert not [h for h in handlers if type(h).__name__ == "LoggingHandler"]
+        assert records(telemetry, lambda r: r.body == "marker 4")
+    assert logging.Logger.callHandlers is before

@@ -128,6 +128,12 @@ class DaskOtelConfigurator(_OTelSDKConfigurator):
 
     def _configure(self, **kwargs):  # type: ignore[no-untyped-def]
         global _owned
+        # Before the instrumentors load, SDK disabled or not: the logging instrumentation
+        # (installed with dask-otel) would put its handler on the root logger, which turns
+        # off what Python prints when nothing is configured (its last resort, and the
+        # basicConfig of logging.warning()). dask-otel exports those records itself
+        # (dask_otel.logs), from no logger's handlers; the user's "true" still wins.
+        os.environ.setdefault("OTEL_PYTHON_LOG_AUTO_INSTRUMENTATION", "false")
         if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
             return
         if runtime.is_configured():

@@ -246,9 +246,7 @@ class WorkerWatch:
         logs.remove_nanny(nanny.address)
         # The post-mortems in progress reach the export queues, which the process's exit
         # flushes (bounded): not waited for here, with a collector that may be down.
-        await asyncio.get_running_loop().run_in_executor(
-            None, emitter.shared().flush, self.settings.flush_timeout
-        )
+        await emitter.off_loop(emitter.shared().close, self.settings.flush_timeout)
 
     def _wrap(self, name: str, wrapper: Callable[..., Any]) -> None:
         original = getattr(self.nanny, name)

@@ -34,7 +34,7 @@ from dask_otel.plugins import rpc
 from dask_otel.runtime import PLUGIN_NAME
 from dask_otel.signals import events, logs, metrics
 from dask_otel.spans import emitter, errors, ids, naming
-from dask_otel.spans.emitter import SpanEmitter, drain
+from dask_otel.spans.emitter import SpanEmitter, drain, off_loop
 
 if TYPE_CHECKING:
     from distributed import Scheduler
@@ -703,9 +703,7 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         closing, self._emitter = self._emitter, None
         self._scheduler.handlers.update(self._handlers)  # type: ignore[union-attr]
         timeout = self._settings.flush_timeout
-        await asyncio.get_running_loop().run_in_executor(
-            None, drain, closing, self._providers, timeout
-        )
+        await off_loop(drain, closing, self._providers, timeout)
         # After the final flush, whose collection still reads this scheduler.
         metrics.forget(self._meter_provider, self._scheduler)
         logs.remove_cluster(self._cluster_id)

@@ -37,7 +37,7 @@ from dask_otel.plugins.spill import SpillTracer
 from dask_otel.runtime import PLUGIN_NAME, report_once
 from dask_otel.signals import flight, logs, metrics
 from dask_otel.spans import emitter, errors, ids
-from dask_otel.spans.emitter import drain
+from dask_otel.spans.emitter import drain, off_loop
 from dask_otel.spans.records import DeferredSpan, EndedSpans, TaskAttemptSpan
 
 if TYPE_CHECKING:
@@ -611,9 +611,7 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
         self._tracer = None
         self._identity.cancel()
         # The last collection still reads this worker: flush first, then let it go.
-        await asyncio.get_running_loop().run_in_executor(
-            None, drain, closing, self._providers, self._settings.flush_timeout
-        )
+        await off_loop(drain, closing, self._providers, self._settings.flush_timeout)
         metrics.forget(self._meter_provider, worker)
         logs.remove_worker(worker.address)
         if "dask.cluster.id" in attributes:  # the scheduler answered: named above

@@ -1,11 +1,14 @@
 """Bridge Python logging, Dask's own loggers included, to OpenTelemetry logs.
 
 A record made while a span is current (user code inside ``execute``, Dask's own
-"Compute Failed") carries that span's trace and span ids. ``distributed`` stops its
-loggers from propagating to the root when it installs its own stderr handler, so the
-bridge also attaches to the ``distributed`` logger then; Dask's stderr output stays as it
-is. Every exporting handler (ours, or the one ``opentelemetry-instrumentation-logging``
-put on the root) gets :class:`DaskRecordFilter`: each record is exported once, stamped
+"Compute Failed") carries that span's trace and span ids. dask-otel's handler sits on no
+logger: after Python's own handling of a record (``Logger.callHandlers``), it gets the
+records that reached one of the configured loggers (``distributed`` stops its loggers
+from propagating to the root when it installs its own stderr handler). So stderr stays
+as it is: a handler on the root would turn off Python's last resort (warnings printed
+when nothing is configured) and ``logging.basicConfig()``. Every exporting handler
+(ours, or the one ``opentelemetry-instrumentation-logging`` put on the root) gets
+:class:`DaskRecordFilter`: each record is exported once, stamped
 with the cluster, worker and task it came from. Their translation into OpenTelemetry is
 wrapped (:func:`exported`) to cap and redact what leaves the process (the Python record,
 which other handlers such as Dask's stderr one format too, only gains ``dask.*`` and
@@ -285,9 +288,43 @@ def _unwrap(handler: logging.Handler) -> None:
                 handler.__dict__[name] = previous
 
 
-_handler: LoggingHandler | None = None
-_attached: list[tuple[logging.Logger, logging.Handler, bool]] = []
+class _Export:
+    """Hands the records that reach one of ``loggers`` to ``handler`` (dask-otel's
+    exporting handler), which is no logger's handler: see :func:`_call_handlers`."""
+
+    def __init__(self, handler: logging.Handler, loggers: frozenset[logging.Logger]) -> None:
+        self.handler = handler
+        self.loggers = loggers
+
+    def __call__(self, logger: logging.Logger | None, record: logging.LogRecord) -> None:
+        if record.levelno < self.handler.level:
+            return
+        while logger is not None:  # the way Python hands a record up to the loggers' handlers
+            if logger in self.loggers:
+                try:
+                    self.handler.handle(record)
+                except Exception:  # a filter's failure, say: never the code that logged
+                    self.handler.handleError(record)
+                return
+            logger = logger.parent if logger.propagate else None
+
+
+#: What this process exports, once :func:`install` ran.
+_export: _Export | None = None
+#: ``Logger.callHandlers`` as :func:`install` found it.
+_call_handlers_before = logging.Logger.callHandlers
+#: Other OpenTelemetry handlers that dask-otel's filter and wrappers were added to.
+_attached: list[logging.Handler] = []
 _filter = DaskRecordFilter()
+
+
+def _call_handlers(self: logging.Logger, record: logging.LogRecord) -> None:
+    """``Logger.callHandlers``: Python's own handling first (what plain Python prints,
+    it still prints), then the export."""
+    _call_handlers_before(self, record)
+    export = _export
+    if export is not None:
+        export(self, record)
 
 
 def _otel_handler(logger: logging.Logger) -> logging.Handler | None:
@@ -308,40 +345,33 @@ def install(
     ``max_length`` (``otel.max-attribute-length``) caps bodies and exception text; a
     later call (another component activating) updates it.
     """
-    global _handler
+    global _export, _call_handlers_before
     if max_length is not None:
         _filter.max_length = max_length
-    if _handler is not None:
+    if _export is not None:
         return
-    _handler = LoggingHandler(level=level, logger_provider=logger_provider)
-    root_handler = _otel_handler(logging.getLogger())
-    if root_handler is not None and "" not in loggers:
-        # Another OTel handler on the root exports propagated records too: stamp them
-        # and keep them from being exported twice.
-        root_handler.addFilter(_filter)
-        _wrap_translation(root_handler)
-        _guard_emit(root_handler)
-        _attached.append((logging.getLogger(), root_handler, False))
-    for name in loggers:
-        logger = logging.getLogger(name or None)
-        if name and logger.propagate and "" in loggers:
-            continue  # the root's handler sees its records
-        existing = _otel_handler(logger)
-        handler = existing or _handler
-        handler.addFilter(_filter)
-        _wrap_translation(handler)
-        _guard_emit(handler)
-        if existing is None:
-            logger.addHandler(handler)
-        _attached.append((logger, handler, existing is None))
+    handler = LoggingHandler(level=level, logger_provider=logger_provider)
+    targets = frozenset(logging.getLogger(name or None) for name in loggers)
+    # Another OTel handler on the root (the logging instrumentation's) exports propagated
+    # records too: stamp them, and keep them from being exported twice.
+    others = [h for h in map(_otel_handler, {logging.getLogger(), *targets}) if h is not None]
+    for exporting in (handler, *others):
+        exporting.addFilter(_filter)
+        _wrap_translation(exporting)
+        _guard_emit(exporting)
+    _attached.extend(others)
+    _export = _Export(handler, targets)
+    if logging.Logger.callHandlers is not _call_handlers:
+        _call_handlers_before = logging.Logger.callHandlers
+        logging.Logger.callHandlers = _call_handlers  # type: ignore[method-assign]
 
 
 def uninstall() -> None:
-    global _handler
-    for logger, handler, added in _attached:
+    global _export
+    _export = None
+    if logging.Logger.callHandlers is _call_handlers:
+        logging.Logger.callHandlers = _call_handlers_before  # type: ignore[method-assign]
+    for handler in _attached:
         handler.removeFilter(_filter)
         _unwrap(handler)
-        if added:
-            logger.removeHandler(handler)
     _attached.clear()
-    _handler = None

@@ -6,6 +6,7 @@ a record and moves on. ``flush`` lets a closing component wait, boundedly, for t
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import logging
 import os
@@ -208,3 +209,15 @@ def drain(emitter: SpanEmitter, providers: runtime.Providers, timeout: float) ->
     """Emit what ``emitter`` holds, then export it: each step waits half of ``timeout``."""
     emitter.close(timeout / 2)
     runtime.flush(providers, timeout / 2)
+
+
+async def off_loop(call: Callable[..., Any], *args: Any) -> None:
+    """``call(*args)`` (a closing component's :func:`drain`, say) in the event loop's
+    executor. At interpreter exit (a cluster left for the interpreter to close) the
+    executor takes no more work: then nothing is done here, and nothing is said (Dask
+    would print the error on stderr); the exit's own drain and shutdown do what they can."""
+    try:
+        done = asyncio.get_running_loop().run_in_executor(None, call, *args)
+    except RuntimeError:  # cannot schedule new futures after interpreter shutdown
+        return
+    await done
