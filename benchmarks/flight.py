@@ -192,14 +192,14 @@ def survival() -> None:
                 processes.stop_all()
             died = [r for r in rx.log_records() if r["event_name"] == "dask.worker.died"]
             workers = [s for s in rx.spans() if s["resource"]["service.name"] == "dask-worker"]
-            ticks = rx.spans(name="execute tick")
+            ticks = [s for s in workers if s["name"] == "task tick"]
             user = [r for r in rx.log_records() if str(r["body"]).startswith(("hog:", "sleeper:"))]
             keys = sum(bool(r["attributes"].get("dask.task.keys")) for r in died)
             lines = sum(bool(r["attributes"].get("dask.worker.last_logs")) for r in died)
             print(
                 f"flight recorder {size}: {len(died)} death records ({keys} name the task "
                 f"executing, {lines} quote the last log lines); spans from workers "
-                f"{len(workers)}, of them execute tick {len(ticks)} of 90; the tasks' own log "
+                f"{len(workers)}, of them task tick {len(ticks)} of 90; the tasks' own log "
                 f"records {len(user)} of 4 ({observed['sleeper']})"
             )
 
