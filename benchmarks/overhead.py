@@ -43,6 +43,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import dask
 import dask.array as da
@@ -252,12 +253,28 @@ def spans_received(receiver: subprocess.Popen) -> int:
     return sum(state["spans"].values())
 
 
-def make_exporter(endpoint: str | None) -> SpanExporter:
+def make_exporter(endpoint: str | None, sdk_encoding: bool = False) -> SpanExporter:
+    """Discarding, or OTLP/gRPC to ``endpoint``: encoded by dask-otel from its queued
+    tuples (lever (d)), or with ``sdk_encoding`` by the SDK's encoder from ReadableSpans
+    (an exporter of a subclass: dask-otel takes over only the OTLP exporter itself)."""
     if endpoint is None:
         return DiscardingExporter()
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-    return OTLPSpanExporter(endpoint=endpoint, insecure=True)
+    exporter_class = (
+        type("SdkEncoded", (OTLPSpanExporter,), {}) if sdk_encoding else OTLPSpanExporter
+    )
+    return exporter_class(endpoint=endpoint, insecure=True)
+
+
+class ApiPathTracerProvider(TracerProvider):
+    """The SDK's provider, its tracers of a subclass of the SDK's: dask-otel then builds
+    its spans through ``start_span``, as for another SDK (lever (c) off)."""
+
+    def get_tracer(self, *args: Any, **kwargs: Any) -> Any:
+        tracer = super().get_tracer(*args, **kwargs)
+        tracer.__class__ = type("ApiPathTracer", (type(tracer),), {})
+        return tracer
 
 
 def worker_env(endpoint: str) -> dict[str, str]:
@@ -293,8 +310,9 @@ def main() -> None:
         action="append",
         choices=sorted(PROCESSORS),
         help="span processor of the instrumented rounds: the one dask-otel configures "
-        "(default), the SDK's BatchSpanProcessor, or both (give it twice: every round then "
-        "runs plain and once with each)",
+        "(default), the SDK's BatchSpanProcessor, dask-otel's with spans built through "
+        "start_span (api-path) or encoded by the SDK (sdk-encoding, with --export otlp); "
+        "give several: every round then runs plain and once with each",
     )
     parser.add_argument(
         "--set",
@@ -331,8 +349,12 @@ def main() -> None:
         os.environ.setdefault(name, sdk.ENV_DEFAULTS[name])
     providers = {}
     for name in processors:
-        providers[name] = TracerProvider()
-        providers[name].add_span_processor(PROCESSORS[name](exporter))
+        provider_class, processor = PROCESSORS[name]
+        providers[name] = provider_class()
+        own_exporter = (
+            make_exporter(endpoint, sdk_encoding=True) if name == "sdk-encoding" else None
+        )
+        providers[name].add_span_processor(processor(own_exporter or exporter))
     meter_provider = MeterProvider(
         metric_readers=[
             PeriodicExportingMetricReader(DiscardingMetricExporter(), export_interval_millis=5000)
@@ -407,8 +429,15 @@ def _variable(key: str) -> str:
     return "DASK_" + key.upper().replace(".", "__").replace("-", "_")
 
 
-#: Span processors the instrumented rounds can use.
-PROCESSORS = {"dask-otel": sdk.span_processor, "sdk": BatchSpanProcessor}
+#: Providers and span processors the instrumented rounds can use: dask-otel's, the SDK's
+#: BatchSpanProcessor, and dask-otel's with one lever off: spans through the API
+#: (``start_span``) instead of written as tuples, or encoded by the SDK's OTLP encoder.
+PROCESSORS = {
+    "dask-otel": (TracerProvider, sdk.span_processor),
+    "sdk": (TracerProvider, BatchSpanProcessor),
+    "api-path": (ApiPathTracerProvider, sdk.span_processor),
+    "sdk-encoding": (TracerProvider, sdk.span_processor),
+}
 
 
 def report(args: argparse.Namespace, processor: str, plains: list, traceds: list) -> None:

@@ -18,9 +18,11 @@ from collections.abc import Callable
 
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from dask_otel.distro import sdk
+from dask_otel.distro import otlp, sdk
 
 PARENT = trace.SpanContext(0x1234, 0x5678, False, trace.TraceFlags(trace.TraceFlags.SAMPLED))
 LINKS = [
@@ -44,6 +46,11 @@ EVENT = {
     "dask.stimulus.id": "task-finished-1732412345.123",
     "dask.worker.address": "tcp://10.0.0.12:40123",
 }
+
+
+class Discarding(SpanExporter):
+    def export(self, spans: object) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
 
 
 class Keeping(SpanProcessor):
@@ -83,6 +90,29 @@ def main() -> None:
     shared = sdk._SharedObjects()
     values = sdk.compact(span, shared)
     batch = [span] * 512
+
+    # Lever (c): the same span written straight as the tuple dask-otel's processor queues.
+    queued = sdk.span_processor(Discarding())
+    direct = TracerProvider()
+    direct.add_span_processor(queued)
+    writer = sdk.span_writer(direct.get_tracer("dask_otel"))
+
+    def write(attributes: dict = ATTRIBUTES, event: dict = EVENT) -> None:
+        kind = trace.SpanKind.INTERNAL
+        written = writer.start(0x42, "task add", PARENT, kind, 1, attributes, LINKS)
+        written.add_event("processing", event)
+        written.end(2)
+
+    # Lever (b): the worker's identity on the resource, not on the span.
+    local = {k: v for k, v in ATTRIBUTES.items() if k != "dask.worker.address"}
+    local_event = {k: v for k, v in EVENT.items() if k != "dask.worker.address"}
+
+    # Lever (d): the OTLP request encoded from the queued tuples (each span of the batch a
+    # task of its own: its key differs, what repeats is cached).
+    tuples = [
+        (*values[:10], {**values[10], "dask.task.key": f"k{i}"}, *values[11:]) for i in range(512)
+    ]
+    encoder = otlp.Encoder(shared.__getitem__, shared.__getitem__)
     print(f"CPU us per span (median of 5 runs of {args.spans:,} spans each):")
     steps = {
         "start_span, add_event, end (the SDK's span)": lambda: per_call(build, args.spans),
@@ -94,6 +124,18 @@ def main() -> None:
         ),
         "OTLP encoding (batches of 512)": lambda: per_call(
             lambda: encode_spans(batch).SerializeToString(), max(1, args.spans // 512), 512
+        ),
+        "(c) written as a tuple, queued (SpanWriter)": lambda: per_call(write, args.spans),
+        "(b) the same, worker address on the resource": lambda: per_call(
+            lambda: write(local, local_event), args.spans
+        ),
+        "(d) OTLP encoding from the tuples (512)": lambda: per_call(
+            lambda: encoder.encode(tuples), max(1, args.spans // 512), 512
+        ),
+        "(d) ... and parsed into the gRPC request": lambda: per_call(
+            lambda: ExportTraceServiceRequest.FromString(encoder.encode(tuples)),
+            max(1, args.spans // 512),
+            512,
         ),
     }
     for name, measure in steps.items():

@@ -180,3 +180,86 @@ def test_an_ended_span_under_a_span_context_or_none():
     child, root = exporter.get_finished_spans()
     assert (child.context.trace_id, child.parent.span_id) == (PARENT.trace_id, PARENT.span_id)
     assert root.parent is None and root.context.trace_id != PARENT.trace_id
+
+
+# -- spans written straight as tuples (an SDK tracer) versus through start_span ----------
+
+
+def written_and_started(limits=None, processor=None):
+    """The same span built by EndedSpans with its SpanWriter and through ``start_span``
+    (the path of any other tracer), exported by ``processor`` (default: the SDK's
+    SimpleSpanProcessor) into memory: (written, started)."""
+    from opentelemetry.sdk.trace import SpanLimits
+
+    from dask_otel.spans import errors
+
+    results = []
+    for direct in (True, False):
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider(span_limits=limits or SpanLimits())
+        provider.add_span_processor((processor or SimpleSpanProcessor)(exporter))
+        emitter = SpanEmitter("test-written")
+        spans = EndedSpans(provider.get_tracer("test", "1.0"), emitter, limit=64)
+        assert (spans._writer is not None) is True
+        if not direct:
+            spans._writer = None
+        current = DeferredSpan(PARENT)
+        current.set_attribute("user.rows", 3)
+        current.set_attributes({"user.list": [1, 2], "user.bad": object()})
+        current.add_event("user.checkpoint", {"step": 1}, timestamp=150)
+        current.set_status(Status(StatusCode.OK))
+        current.set_status(StatusCode.ERROR, "ignored after OK")
+        current.update_name("renamed")
+        current.add_link(trace.SpanContext(0x1234, 0x99, False), {"why": "user"})
+        current.record_exception(ValueError("inside"), timestamp=160)
+        served = [ids.TaskRef(ids.Carrier(PARENT), "y-2")]
+        failure = errors.failure(KeyError("k"))
+        spans.build(
+            "transfer", X1, trace.SpanKind.CLIENT, (100, 200), {"n": 1}, failure, served, current,
+            {"thread.id": 7}, 0x77,
+        )  # fmt: skip
+        assert emitter.flush(10)
+        provider.force_flush()
+        (span,) = exporter.get_finished_spans()
+        results.append(span)
+        provider.shutdown()
+    return results
+
+
+def fields(span) -> dict:
+    return {
+        "name": span.name,
+        "context": (span.context.trace_id, span.context.span_id, span.context.trace_flags),
+        "parent": (span.parent.span_id, span.parent.is_remote),
+        "kind": span.kind,
+        "times": (span.start_time, span.end_time),
+        "attributes": dict(span.attributes),
+        "events": [(e.name, e.timestamp, dict(e.attributes)) for e in span.events],
+        "links": [(link.context.span_id, dict(link.attributes)) for link in span.links],
+        "status": (span.status.status_code, span.status.description),
+        "dropped": (span.dropped_attributes, span.dropped_events, span.dropped_links),
+        "resource": span.resource,
+        "scope": span.instrumentation_scope,
+    }
+
+
+def test_a_written_span_is_the_span_start_span_makes():
+    written, started = written_and_started()
+    assert fields(written) == fields(started)
+    assert written.status.status_code is StatusCode.OK  # OK is final, as in the SDK
+
+
+def test_a_written_span_keeps_the_sdks_limits():
+    from opentelemetry.sdk.trace import SpanLimits
+
+    limits = SpanLimits(max_span_attributes=2, max_events=1, max_links=1, max_attribute_length=3)
+    written, started = written_and_started(limits)
+    assert fields(written) == fields(started)
+    assert written.dropped_attributes and written.dropped_events and written.dropped_links
+
+
+def test_with_dask_otels_processor_alone_the_tuple_is_queued_directly():
+    from dask_otel.distro import sdk
+
+    written, started = written_and_started(processor=sdk.span_processor)
+    assert fields(written) == fields(started)

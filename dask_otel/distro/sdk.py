@@ -26,9 +26,11 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from time import time_ns
 from typing import Any
 
 from opentelemetry import _logs, metrics, trace
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk._configuration import _initialize_components, _OTelSDKConfigurator
 from opentelemetry.sdk._logs.export import (
@@ -36,13 +38,15 @@ from opentelemetry.sdk._logs.export import (
     LogRecordExporter,
 )
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace import Event, ReadableSpan, Tracer
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.span import TraceState
 
 from dask_otel import runtime
+from dask_otel.distro import otlp
 from dask_otel.runtime import report_once, say_once
+from dask_otel.spans import errors
 
 logger = logging.getLogger(__name__)
 
@@ -411,15 +415,20 @@ class _CountingExporter:
 
 
 class _CountingSpanExporter(_CountingExporter, SpanExporter):
-    """Counts lost spans; hands the exporter ReadableSpans rebuilt from queued tuples."""
+    """Counts lost spans; hands the exporter the queued tuples if it is the OTLP/gRPC
+    exporter (which then encodes them with :mod:`dask_otel.otlp`, ~5x cheaper than the
+    SDK's encoder), ReadableSpans rebuilt from them otherwise."""
 
     signal = "traces"
 
     def __init__(self, exporter: SpanExporter, shared: _SharedObjects, mirror: Mirror) -> None:
         super().__init__(exporter, mirror)
         self.shared = shared
+        self.encodes_tuples = otlp.take_over(exporter, shared.__getitem__, shared.__getitem__)
 
     def readable(self, batch: Sequence[Any]) -> Sequence[Any]:
+        if self.encodes_tuples:
+            return batch
         return [rebuild(values, self.shared) for values in batch]
 
 
@@ -568,15 +577,19 @@ class _CompactBatchSpanProcessor(BatchSpanProcessor):
 
     def on_end(self, span: ReadableSpan) -> None:
         if span.context and span.context.trace_flags.sampled:
-            values = compact(span, self._shared)
-            mirror = self.mirror
-            if mirror.recorder is None:
-                self._batch_processor.emit(values)  # type: ignore[arg-type]
-                return
-            with mirror.recorder.lock:
-                self._batch_processor.emit(values)  # type: ignore[arg-type]
-                copy = mirror.recorder.span(values, span.resource, span.instrumentation_scope)
-                mirror.queued(values, copy)
+            self.queue(compact(span, self._shared), span.resource, span.instrumentation_scope)
+
+    def queue(self, values: CompactSpan, resource: Resource, scope: Any) -> None:
+        """Queue a span already compacted (its resource and scope numbered by this
+        processor's shared objects)."""
+        mirror = self.mirror
+        if mirror.recorder is None:
+            self._batch_processor.emit(values)  # type: ignore[arg-type]
+            return
+        with mirror.recorder.lock:
+            self._batch_processor.emit(values)  # type: ignore[arg-type]
+            copy = mirror.recorder.span(values, resource, scope)
+            mirror.queued(values, copy)
 
 
 def compact(span: ReadableSpan, shared: _SharedObjects) -> CompactSpan:
@@ -661,6 +674,211 @@ def rebuild(values: CompactSpan, shared: _SharedObjects) -> ReadableSpan:
         start_time=start,
         end_time=end,
     )
+
+
+# -- spans written straight as tuples (lever (c) of issue 18) -------------------------------
+#
+# dask-otel builds most of its spans after the fact, from times and attributes noted on an
+# event loop. Through ``Tracer.start_span`` each costs ~24 us (sampler, id generator,
+# context, the SDK span's lock and bookkeeping, the processors' on_start and on_end), and
+# dask-otel's processor then turns it into a tuple. A SpanWriter makes that tuple
+# directly (~8 us), with the SDK's limits; if other processors share the provider, they
+# get the ReadableSpan rebuilt from it (on_end: nothing calls their on_start).
+
+
+class WrittenSpan(trace.Span):
+    """A span that is over by the time it is made: what is done to it goes into plain
+    values, and :meth:`end` hands them to its writer."""
+
+    def __init__(
+        self,
+        writer: SpanWriter,
+        name: str,
+        context: SpanContext,
+        parent: SpanContext,
+        kind: SpanKind,
+        start: int,
+        attributes: dict[str, Any],
+        links: Sequence[Link],
+    ) -> None:
+        limits = writer.limits
+        self._writer = writer
+        self._name = name
+        self._context = context
+        self._parent = parent
+        self._kind = kind
+        self._start = start
+        self._attributes = BoundedAttributes(
+            limits.max_span_attributes,
+            attributes,
+            immutable=False,
+            max_value_len=limits.max_attribute_length,
+        )
+        self._events: list[tuple[str, int, dict | None]] = []
+        self._dropped_events = 0
+        links = [link for link in links if link.context.is_valid]
+        kept = len(links) if limits.max_links is None else limits.max_links
+        # As the SDK's bounded list: the latest are kept.
+        self._links = [_link_values(link) for link in links[len(links) - kept :]] if kept else []
+        self._dropped_links = len(links) - len(self._links)
+        self._status = _UNSET
+        self._ended = False
+
+    def get_span_context(self) -> SpanContext:
+        return self._context
+
+    def is_recording(self) -> bool:
+        return not self._ended
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        self._attributes[key] = value
+
+    def set_attributes(self, attributes: Any) -> None:
+        for key, value in attributes.items():
+            self._attributes[key] = value
+
+    def _bounded(self, limit: int | None, attributes: Any) -> dict | None:
+        length = self._writer.limits.max_attribute_length
+        return _plain(BoundedAttributes(limit, attributes, max_value_len=length))
+
+    def add_event(self, name: str, attributes: Any = None, timestamp: int | None = None) -> None:
+        limits = self._writer.limits
+        attributes = self._bounded(limits.max_event_attributes, attributes)
+        event = (name, timestamp or time_ns(), attributes)
+        if limits.max_events is not None and len(self._events) >= limits.max_events:
+            self._dropped_events += 1
+            if not limits.max_events:
+                return
+            del self._events[0]  # as the SDK's bounded list: the oldest goes
+        self._events.append(event)
+
+    def add_link(self, context: SpanContext, attributes: Any = None) -> None:
+        limits = self._writer.limits
+        if not context.is_valid:
+            return
+        if limits.max_links is not None and len(self._links) >= limits.max_links:
+            self._dropped_links += 1
+            if not limits.max_links:
+                return
+            del self._links[0]  # as the SDK's bounded list: the oldest goes
+        self._links.append(
+            _link_values(Link(context, self._bounded(limits.max_link_attributes, attributes)))
+        )
+
+    def update_name(self, name: str) -> None:
+        self._name = name
+
+    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
+        # The SDK's rules: OK is final, UNSET is ignored.
+        if self._status.status_code is StatusCode.OK:
+            return
+        if isinstance(status, Status):
+            if status.status_code is not StatusCode.UNSET:
+                self._status = status
+        elif status is not StatusCode.UNSET:
+            self._status = Status(status, description)
+
+    def record_exception(
+        self,
+        exception: BaseException,
+        attributes: Any = None,
+        timestamp: int | None = None,
+        escaped: bool = False,
+    ) -> None:
+        self.add_event(
+            "exception", errors.exception_attributes(exception, attributes, escaped), timestamp
+        )
+
+    def end(self, end_time: int | None = None) -> None:
+        if not self._ended:
+            self._ended = True
+            self._writer.write(self, end_time or time_ns())
+
+    def values(self, resource: int, scope: int, end: int) -> CompactSpan:
+        """This span as :func:`compact` makes it, its resource and scope numbered so."""
+        context, parent, status, attributes = (
+            self._context,
+            self._parent,
+            self._status,
+            self._attributes,
+        )
+        return (
+            self._name,
+            context.trace_id,
+            context.span_id,
+            int(context.trace_flags),
+            _trace_state_values(context),
+            parent.span_id if parent.is_valid else None,
+            parent.is_valid and parent.is_remote,
+            resource,
+            scope,
+            self._kind.value,
+            _plain(attributes),
+            tuple(self._events),
+            tuple(self._links),
+            status.status_code.value,
+            status.description,
+            self._start,
+            end,
+            attributes.dropped,
+            self._dropped_events,
+            self._dropped_links,
+        )
+
+
+class SpanWriter:
+    """Writes :class:`WrittenSpan` s of one SDK tracer into its provider's span processor:
+    straight into dask-otel's queue when that is the only processor, as ReadableSpans to
+    every processor's ``on_end`` otherwise."""
+
+    def __init__(self, tracer: Any) -> None:
+        self.limits = tracer._span_limits
+        self._resource = tracer.resource
+        self._scope = tracer._instrumentation_scope
+        #: The provider's (multi) span processor, whose processors may change.
+        self._processor = tracer.span_processor
+        self._shared = _SharedObjects()
+
+    def _sink(self) -> tuple[_CompactBatchSpanProcessor | None, _SharedObjects]:
+        """dask-otel's processor if it is the provider's only one now, and the objects
+        that number resources and scopes for it."""
+        processors = getattr(self._processor, "_span_processors", ())
+        ours = processors[0] if len(processors) == 1 else None
+        if isinstance(ours, _CompactBatchSpanProcessor):
+            return ours, ours._shared
+        return None, self._shared
+
+    def start(
+        self,
+        span_id: int,
+        name: str,
+        parent: SpanContext,
+        kind: SpanKind,
+        start: int,
+        attributes: dict[str, Any],
+        links: Sequence[Link],
+    ) -> WrittenSpan:
+        """A span under ``parent`` (a sampled context), with ``span_id``."""
+        context = SpanContext(
+            parent.trace_id, span_id, False, parent.trace_flags, parent.trace_state
+        )
+        return WrittenSpan(self, name, context, parent, kind, start, attributes, links)
+
+    def write(self, span: WrittenSpan, end: int) -> None:
+        ours, shared = self._sink()
+        values = span.values(shared.number(self._resource), shared.number(self._scope), end)
+        if ours is not None:
+            ours.queue(values, self._resource, self._scope)
+        else:
+            self._processor.on_end(rebuild(values, shared))
+
+
+def span_writer(tracer: Any) -> SpanWriter | None:
+    """A :class:`SpanWriter` for an enabled SDK tracer; None for any other tracer (spans
+    then go through ``start_span``: the API's path, slower)."""
+    if type(tracer) is not Tracer or not tracer._is_enabled():
+        return None
+    return SpanWriter(tracer)
 
 
 def span_processor(exporter: SpanExporter, **options: Any) -> BatchSpanProcessor:

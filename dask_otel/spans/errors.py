@@ -227,3 +227,17 @@ def record_exception(
     span.add_event("exception", {**event, **attributes}, timestamp=timestamp)
     span.set_attribute("error.type", exc_type)
     span.set_status(Status(StatusCode.ERROR, cap(f"{exc_type}: {message}", limit)))
+
+
+def exception_attributes(
+    exception: BaseException, attributes: Any = None, escaped: bool = False
+) -> dict[str, Any]:
+    """The attributes of the SDK's ``exception`` event for ``exception`` (as
+    ``Span.record_exception`` makes them)."""
+    return {
+        "exception.type": type_name(exception),
+        "exception.message": safe_str(exception),
+        "exception.stacktrace": "".join(traceback.format_exception(exception)),
+        "exception.escaped": str(escaped),
+        **(attributes or {}),
+    }

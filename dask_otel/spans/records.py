@@ -15,7 +15,6 @@ then (transfers, spills, requests), from times and attributes.
 from __future__ import annotations
 
 import random
-import traceback
 from collections.abc import Mapping
 from time import time_ns
 from typing import Any
@@ -113,13 +112,7 @@ class DeferredSpan(trace.Span):
     ) -> None:
         """The SDK's ``exception`` event, made now: the exception and its frames (the
         task's data) are not kept until the span is built."""
-        event = {
-            "exception.type": errors.type_name(exception),
-            "exception.message": errors.safe_str(exception),
-            "exception.stacktrace": "".join(traceback.format_exception(exception)),
-            "exception.escaped": str(escaped),
-            **(attributes or {}),
-        }
+        event = errors.exception_attributes(exception, attributes, escaped)
         self._keep("add_event", "exception", event, timestamp or time_ns())
 
     def __repr__(self) -> str:
@@ -142,6 +135,14 @@ class TaskAttemptSpan(DeferredSpan):
         return self._carrier.span_id(ids.key_to_str(self._key))
 
 
+def _span_writer(tracer: trace.Tracer) -> Any:
+    try:
+        from dask_otel.distro import sdk
+    except ImportError:  # no SDK installed: spans go through the API
+        return None
+    return sdk.span_writer(tracer)
+
+
 class EndedSpans:
     """Spans of work that is over by the time they are built (a task attempt run, data
     sent to or fetched from a peer, a key spilled or read back, a request answered): the
@@ -150,6 +151,9 @@ class EndedSpans:
 
     def __init__(self, tracer: trace.Tracer, emitter: SpanEmitter, limit: int) -> None:
         self._ids = ids.SpanIdSetter(tracer)
+        #: Writes the spans of the OpenTelemetry SDK's tracers as the tuples its span
+        #: processor queues, skipping ``start_span``; None: any other tracer.
+        self._writer = _span_writer(tracer)
         #: The thread that builds them; the owner may submit other work to it.
         self.emitter = emitter
         self._limit = limit
@@ -183,20 +187,32 @@ class EndedSpans:
         user code cannot change them."""
         if span_id is None and deferred is not None:
             span_id = deferred.get_span_context().span_id
-        span = self._ids.start_span(
-            span_id,
-            name,
-            context=trace.set_span_in_context(trace.NonRecordingSpan(parent))
-            if isinstance(parent, trace.SpanContext)
-            else ids.task_context(parent),
-            kind=kind,
-            start_time=times[0],
-            attributes=attributes,
-            links=[
-                link if isinstance(link, trace.Link) else ids.task_link(link, "served")
-                for link in links or ()
-            ],
-        )
+        context = parent if isinstance(parent, trace.SpanContext) else parent.span_context
+        all_links = [
+            link if isinstance(link, trace.Link) else ids.task_link(link, "served")
+            for link in links or ()
+        ]
+        span: trace.Span
+        if self._writer is not None and context.trace_flags.sampled:
+            span = self._writer.start(
+                span_id or random.getrandbits(64) or 1,
+                name,
+                context,
+                kind,
+                times[0],
+                attributes,
+                all_links,
+            )
+        else:  # another SDK's tracer, or a root: through the API
+            span = self._ids.start_span(
+                span_id,
+                name,
+                context=trace.set_span_in_context(trace.NonRecordingSpan(context)),
+                kind=kind,
+                start_time=times[0],
+                attributes=attributes,
+                links=all_links,
+            )
         if deferred is not None:
             deferred.replay(span)
         if final:
