@@ -30,6 +30,10 @@ def executing(dask_worker) -> list[str]:
     return [str(k) for k, ts in dask_worker.state.tasks.items() if ts.state == "executing"]
 
 
+def scheduled(key: str, dask_scheduler=None) -> bool:
+    return key in dask_scheduler.tasks
+
+
 def until(condition, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -76,8 +80,11 @@ def test_an_attempt_lost_with_its_worker(telemetry):
         future = client.submit(
             wait_for, "go-lost", 5, key="wait_for-lost", workers=[a], allow_other_workers=True
         )
+        (removed,) = [w for w in client.cluster.workers.values() if w.address == a]
         until(lambda: client.run(executing, workers=[a])[a])
         client.run_on_scheduler(remove_worker, a)
+        # Its task ends while it closes: the scheduler speaks for that attempt.
+        until(lambda: removed.status.name != "running")
         Event("go-lost", client=client).set()
         assert future.result() == 5
         flush_emitters(client)
@@ -101,6 +108,8 @@ def test_a_task_cancelled_while_running(telemetry):
         future = client.submit(wait_for, "go-cancel", 1, key="wait_for-cancel")
         until(lambda: client.run(executing, workers=[a])[a])
         future.cancel()
+        # Only once the scheduler let it go does the task finish.
+        until(lambda: not client.run_on_scheduler(scheduled, "wait_for-cancel"))
         Event("go-cancel", client=client).set()
         until(lambda: not client.run(executing, workers=[a])[a])
         assert client.submit(inc, 1).result() == 2
@@ -150,14 +159,18 @@ def test_killed_worker_in_process(telemetry):
         no_stealing(),
         in_process_cluster(n_workers=3) as client,
     ):
-        future = client.submit(wait_for, "never", 1, key="wait_for-killed")
+        future = client.submit(wait_for, "go-killed", 1, key="wait_for-killed")
+        removed = []
         for _ in range(2):
             until(lambda: any(client.run(executing).values()))
             (running,) = [w for w, keys in client.run(executing).items() if keys]
+            removed += [w for w in client.cluster.workers.values() if w.address == running]
             client.run_on_scheduler(remove_worker, running)
         with pytest.raises(KilledWorker):
             future.result(timeout=30)
-        Event("never", client=client).set()
+        # The removed workers' threads finish the task now: nothing of theirs counts.
+        Event("go-killed", client=client).set()
+        until(lambda: not any(w.active_threads for w in removed))
         flush_emitters(client)
     spans = telemetry.spans()
     (task,) = telemetry.spans("task wait_for")
