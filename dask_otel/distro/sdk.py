@@ -595,30 +595,55 @@ class _CompactBatchSpanProcessor(BatchSpanProcessor):
 def compact(span: ReadableSpan, shared: _SharedObjects) -> CompactSpan:
     """``span`` as one tuple whose contents the garbage collector does not track (see
     :func:`rebuild`): one tracked object per queued span instead of a dozen."""
-    context = span.context
-    parent = span.parent
-    status = span.status
-    return (
+    return _values(
         span.name,
+        span.context,
+        span.parent,
+        shared.number(span.resource),
+        shared.number(span.instrumentation_scope),
+        span.kind,
+        span.attributes,
+        tuple((e.name, e.timestamp, _plain(e.attributes)) for e in span.events),
+        tuple(_link_values(link) for link in span.links),
+        span.status,
+        (span.start_time, span.end_time),
+        (span.dropped_attributes, span.dropped_events, span.dropped_links),
+    )
+
+
+def _values(
+    name: str,
+    context: SpanContext,
+    parent: SpanContext | None,
+    resource: int,
+    scope: int,
+    kind: SpanKind,
+    attributes: Any,
+    events: tuple,
+    links: tuple,
+    status: Status,
+    times: tuple[int | None, int | None],
+    dropped: tuple[int, int, int],
+) -> CompactSpan:
+    """The tuple of :data:`CompactSpan`'s fields."""
+    return (
+        name,
         context.trace_id,
         context.span_id,
         int(context.trace_flags),
         _trace_state_values(context),
         parent.span_id if parent is not None else None,
         parent is not None and parent.is_remote,
-        shared.number(span.resource),
-        shared.number(span.instrumentation_scope),
-        span.kind.value,
-        _plain(span.attributes),
-        tuple((e.name, e.timestamp, _plain(e.attributes)) for e in span.events),
-        tuple(_link_values(link) for link in span.links),
+        resource,
+        scope,
+        kind.value,
+        _plain(attributes),
+        events,
+        links,
         status.status_code.value,
         status.description,
-        span.start_time,
-        span.end_time,
-        span.dropped_attributes,
-        span.dropped_events,
-        span.dropped_links,
+        *times,
+        *dropped,
     )
 
 
@@ -796,33 +821,19 @@ class WrittenSpan(trace.Span):
 
     def values(self, resource: int, scope: int, end: int) -> CompactSpan:
         """This span as :func:`compact` makes it, its resource and scope numbered so."""
-        context, parent, status, attributes = (
-            self._context,
-            self._parent,
-            self._status,
-            self._attributes,
-        )
-        return (
+        return _values(
             self._name,
-            context.trace_id,
-            context.span_id,
-            int(context.trace_flags),
-            _trace_state_values(context),
-            parent.span_id if parent.is_valid else None,
-            parent.is_valid and parent.is_remote,
+            self._context,
+            self._parent if self._parent.is_valid else None,
             resource,
             scope,
-            self._kind.value,
-            _plain(attributes),
+            self._kind,
+            self._attributes,
             tuple(self._events),
             tuple(self._links),
-            status.status_code.value,
-            status.description,
-            self._start,
-            end,
-            attributes.dropped,
-            self._dropped_events,
-            self._dropped_links,
+            self._status,
+            (self._start, end),
+            (self._attributes.dropped, self._dropped_events, self._dropped_links),
         )
 
 

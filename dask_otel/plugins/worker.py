@@ -1,10 +1,13 @@
-"""Worker plugin: ``execute <prefix>`` per task attempt, ``transfer`` and ``get_data``.
+"""Worker plugin: the span of each task attempt (``task <prefix>`` for the one that
+produced the result, ``attempt <prefix>`` otherwise), ``transfer`` and ``get_data``.
 
-Each span's parent is a ``task`` span on the scheduler, named by its deterministic id, so
-no message is added and nobody waits: the task that ran (``execute``), a task whose
-inputs were fetched (``transfer``), the task that produced the data sent (``get_data``).
-``execute`` is current while the task runs: ``Worker.execute`` hands contextvars to the
-executor thread, so user spans nest under it and user log records carry its ids.
+Every span names its parent by a deterministic id (:mod:`dask_otel.spans.ids`), so no
+message is added and nobody waits: an attempt's span is its task's in its generation,
+parented to the graph span (or, for an attempt without a result, to the next
+generation's span); a fetch (``transfer``) is under the task whose inputs it fetched,
+``get_data`` under the task that produced the data sent. The attempt's span is current
+while the task runs: ``Worker.execute`` hands contextvars to the executor thread, so
+user spans nest under it and user log records carry its ids.
 """
 
 from __future__ import annotations

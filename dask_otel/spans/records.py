@@ -1,15 +1,17 @@
 """Spans recorded on the event loop now and built by the SDK later, off the loop.
 
-A worker's ``execute`` span must be current while its task runs: user spans nest under
-it, user log records carry its ids, ``rpc`` spans see a recording parent, and user code
-may ``set_attribute`` on it. Building it through the SDK costs ~35 us of the worker's
-event loop per task, Dask's bottleneck. A :class:`DeferredSpan` costs a microsecond or
-two: it draws its span id when first asked (children and log records name their parent;
-most tasks have neither, and the emitter asks off the loop), keeps whatever is done to
-it as calls, and :meth:`DeferredSpan.replay` applies them to the real span, started
-with the same id by :class:`dask_otel.spans.ids.SpanIdSetter`, in a background thread once
-the task is over. :class:`EndedSpans` builds them, and the spans of other work over by
-then (transfers, spills, requests), from times and attributes.
+A task attempt's span must be current while its task runs: user spans nest under it,
+user log records carry its ids, ``rpc`` spans see a recording parent, and user code may
+``set_attribute`` on it. Building it through the SDK costs ~35 us of the worker's event
+loop per task, Dask's bottleneck. A :class:`DeferredSpan` costs a microsecond or two: it
+gets its span id when first asked (children and log records name their parent; most
+tasks have neither, and the emitter asks off the loop), keeps whatever is done to it as
+calls, and :meth:`DeferredSpan.replay` applies them to the real span, made with the same
+id in a background thread once the task is over. :class:`EndedSpans` builds them, and
+the spans of other work over by then (transfers, spills, requests), from times and
+attributes: written straight as the tuple dask-otel's span processor queues for the
+SDK's tracers (:func:`dask_otel.distro.sdk.span_writer`), through ``start_span`` with
+:class:`dask_otel.spans.ids.SpanIdSetter` for any other.
 """
 
 from __future__ import annotations
