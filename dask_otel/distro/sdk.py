@@ -140,6 +140,8 @@ class DaskOtelConfigurator(_OTelSDKConfigurator):
         os.environ.setdefault("OTEL_PYTHON_LOG_AUTO_INSTRUMENTATION", "false")
         if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
             return
+        if _multiprocessing_helper():
+            return
         if runtime.is_configured():
             return
         role = kwargs.pop("role", None) or infer_role(sys.argv)
@@ -151,7 +153,7 @@ class DaskOtelConfigurator(_OTelSDKConfigurator):
         try:
             directory = os.environ.get(FILE_EXPORT_DIR)
             if directory:
-                kwargs["exporter_args_map"] = _file_exporter_paths(directory, role)
+                kwargs["exporter_args_map"] = _file_exporter_streams(directory)
             super()._configure(resource_attributes=attributes, **kwargs)
         except Exception as e:
             # Raised here, opentelemetry-instrument would print it and load no
@@ -191,24 +193,88 @@ def _shutdown_at_exit() -> None:
     runtime.shutdown(runtime.Providers(*_owned.providers), timeout)  # type: ignore[arg-type]
 
 
-def _file_exporter_paths(directory: str, role: str | None) -> dict[type, dict[str, str]]:
+def _file_exporter_streams(directory: str) -> dict[type, dict[str, Any]]:
     """One OTLP JSON lines file per signal and process under ``directory``.
 
     Used with the ``otlp_json_file`` exporters (``OTEL_TRACES_EXPORTER=otlp_json_file``
     ...), which otherwise write to standard output. Files are named
-    ``<signal>-<role>-<host>-<pid>.jsonl``, the format of the collector's file exporter.
+    ``<signal>-<role>-<host>-<pid>.jsonl`` (see :class:`_RoleFile`), in the format of
+    the collector's file exporter.
     """
     from opentelemetry.exporter.otlp.json.file._log_exporter import FileLogExporter
     from opentelemetry.exporter.otlp.json.file.metric_exporter import FileMetricExporter
     from opentelemetry.exporter.otlp.json.file.trace_exporter import FileSpanExporter
 
-    os.makedirs(directory, exist_ok=True)
-    stem = f"{role or 'process'}-{socket.gethostname()}-{os.getpid()}.jsonl"
     return {
-        FileSpanExporter: {"path": os.path.join(directory, f"traces-{stem}")},
-        FileMetricExporter: {"path": os.path.join(directory, f"metrics-{stem}")},
-        FileLogExporter: {"path": os.path.join(directory, f"logs-{stem}")},
+        FileSpanExporter: {"stream": _RoleFile(directory, "traces")},
+        FileMetricExporter: {"stream": _RoleFile(directory, "metrics")},
+        FileLogExporter: {"stream": _RoleFile(directory, "logs")},
     }
+
+
+class _RoleFile:
+    """The stream an ``otlp_json_file`` exporter writes to: a file named after the
+    process's Dask role (``traces-worker-<host>-<pid>.jsonl``).
+
+    Opened at the first line, so a process that exports nothing leaves no file; renamed
+    when the process learns its role after that (a Nanny's worker process is configured
+    by ``opentelemetry-instrument`` before it is a worker); opened anew in a forked
+    child. A process that never has a Dask role is named after its program.
+    """
+
+    def __init__(self, directory: str, signal: str) -> None:
+        self._directory = directory
+        self._signal = signal
+        self._file: Any = None
+        self._path = ""
+        self._pid = 0
+        #: What the exporter checks before it writes.
+        self.closed = False
+
+    def _wanted(self) -> str:
+        role = _owned.role if _owned is not None and _owned.role else _program()
+        name = f"{self._signal}-{role}-{socket.gethostname()}-{os.getpid()}.jsonl"
+        return os.path.join(self._directory, name)
+
+    def write(self, text: str) -> int:
+        path = self._wanted()
+        if self._file is None or self._pid != os.getpid():
+            os.makedirs(self._directory, exist_ok=True)
+            self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (the process's life)
+            self._path, self._pid = path, os.getpid()
+        elif path != self._path:
+            os.replace(self._path, path)  # the process learnt its role
+            self._path = path
+        return int(self._file.write(text))
+
+    def flush(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+
+
+def _program() -> str:
+    """A process's name when it has no Dask role: its script's, or ``python``."""
+    name = os.path.splitext(os.path.basename(sys.argv[0] if sys.argv else ""))[0]
+    return re.sub(r"[^A-Za-z0-9_.]+", "_", name).strip("_") or "python"
+
+
+def _multiprocessing_helper() -> bool:
+    """Python's own helper processes (the resource tracker, the forkserver) start from a
+    Dask process's environment (``opentelemetry-instrument``'s sitecustomize included)
+    but run no Dask code: they configure nothing and export nothing. (A worker forked
+    from the forkserver shares its command line, not its pid.)"""
+    return os.getpid() == _HELPER_PID
+
+
+def _helper_pid() -> int | None:
+    argv = getattr(sys, "orig_argv", [])
+    code = argv[argv.index("-c") + 1] if "-c" in argv[:-1] else ""
+    helper = "multiprocessing.resource_tracker" in code or "multiprocessing.forkserver" in code
+    return os.getpid() if helper else None
+
+
+#: This process's pid if it is one of Python's multiprocessing helpers.
+_HELPER_PID = _helper_pid()
 
 
 #: The variable that chooses the component of each entry-point group the SDK loads.
