@@ -57,8 +57,9 @@ def test_files_are_named_by_role_and_helpers_write_none(processes, method):
     files = sorted(p.name for p in directory.iterdir())
     roles = {name.split("-")[1] for name in files}
     assert roles == {"scheduler", "nanny", "worker", "client"}, files
-    # Each file's resource names its role: from the first line on for spans; a client's
-    # metrics exported before its first submission have no role yet.
+    # Each file's resource names its role: from the first line on for spans; log records
+    # and metrics a process made before it knew its role (a Nanny's worker starting, a
+    # client before its first submission) have none yet, never another one.
     for path in directory.iterdir():
         signal, role = path.name.split("-")[:2]
         names = [
@@ -67,8 +68,9 @@ def test_files_are_named_by_role_and_helpers_write_none(processes, method):
             for item in next(iter(json.loads(line).values()))
         ]
         assert names[-1] == f"dask-{role}", path.name
-        if signal != "metrics":
+        if signal == "traces":
             assert set(names) == {f"dask-{role}"}, path.name
+        assert {n for n in names if n.startswith("dask-")} == {f"dask-{role}"}, path.name
     summary = summarize(directory)
     assert not summary.skipped
     assert {role for _, role in summary.by_operation} >= {"dask-client", "dask-worker"}
