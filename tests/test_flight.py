@@ -37,6 +37,8 @@ CHILD = textwrap.dedent(
     from dask_otel import runtime as telemetry
 
     path, spans, flushed, records = sys.argv[1], *map(int, sys.argv[2:])
+    path = path.format(pid=os.getpid())
+    flight.own(Path(path).parent)  # as a Nanny marks its directory
     assert sdk.configure("worker")
     recorder = flight.FlightRecorder(Path(path), 1 << 20, 16)
     recorder.identify(**{"dask.worker.address": "tcp://worker:1"})
@@ -66,7 +68,8 @@ CHILD = textwrap.dedent(
 
 
 def run_child(tmp_path, spans=0, flushed=0, records=0, **env):
-    path = tmp_path / "1.flight"
+    """(what the recorder held, what the span queue held, what was exported)."""
+    path = tmp_path / "{pid}.flight"
     environ = {
         **{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
         "OTEL_TRACES_EXPORTER": "console",
@@ -81,6 +84,7 @@ def run_child(tmp_path, spans=0, flushed=0, records=0, **env):
     assert out.returncode == -signal.SIGKILL, out.stderr
     (line,) = [line for line in out.stderr.splitlines() if line.startswith("QUEUED")]
     exported = re.findall(r'"name": "(span \d+)"', out.stdout)  # the console exporter's
+    (path,) = tmp_path.glob("*.flight")
     return flight.read(path), line.split("|")[1:], exported
 
 

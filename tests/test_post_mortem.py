@@ -15,6 +15,7 @@ import io
 import itertools
 import os
 import signal
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,8 +32,10 @@ from conftest import (
 from distributed.scheduler import KilledWorker
 from opentelemetry.trace import StatusCode
 from test_e2e_opentelemetry_instrument import run_client
+from test_flight import run_child
 
 import dask_otel
+from dask_otel.signals import flight
 from dask_otel.spans import emitter
 from dask_otel.tools.summary import render, summarize
 
@@ -291,3 +294,23 @@ def test_a_restart_is_not_a_death(tmp_path, telemetry, monkeypatch):
     killed = [r for r in telemetry.logs() if "was killed by signal 9" in str(r.body)]
     assert killed  # the Nanny had to kill it
     assert not [r for r in telemetry.logs() if r.event_name == "dask.worker.died"]
+
+
+def test_a_nanny_cleans_up_after_one_that_is_gone(tmp_path, telemetry, monkeypatch):
+    """A Nanny and its worker both SIGKILLed leave a directory and a recorder: the next
+    Nanny on the machine sends what the worker had queued, and removes them."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # this test's Nannies only
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    for name in ("TRACES", "METRICS", "LOGS"):  # worker processes export nowhere
+        monkeypatch.setenv(f"OTEL_{name}_EXPORTER", "none")
+    orphan = flight.root() / "0123456789abcdef"
+    orphan.mkdir(parents=True)
+    run_child(orphan, spans=5)  # marks the directory as its own, dies with 5 spans queued
+    with in_process_cluster(n_workers=1, processes=True, host="127.0.0.1") as client:
+        assert client.submit(len, "abc").result() == 3
+        assert emitter.shared().flush(10)
+        sent = telemetry.spans("span ")
+    assert sorted(s.name for s in sent) == [f"span {i}" for i in range(5)]
+    assert {s.resource.attributes["service.name"] for s in sent} == {"dask-worker"}
+    assert not orphan.exists()
+    assert list(flight.root().iterdir()) == []  # this test's Nanny cleaned up after itself

@@ -216,9 +216,10 @@ class WorkerWatch:
         nanny = self.nanny
         if self.settings.flight_recorder_size:
             with contextlib.suppress(OSError):
-                self.folder.parent.mkdir(mode=0o700, exist_ok=True)
-                self.folder.mkdir(mode=0o700, exist_ok=True)
+                flight.own(self.folder)
             self._examine_remains()  # left by an earlier Nanny at this address
+            for folder in flight.orphans(self.folder):  # and by Nannies that are gone
+                emitter.shared().submit(self._clean_up_after, folder)
         self._wrap("log_event", self._log_event)
         self._wrap("kill", self._kill)
         self._wrap("instantiate", self._instantiate)
@@ -243,6 +244,8 @@ class WorkerWatch:
         for name in self._originals:
             nanny.__dict__.pop(name, None)
         self._examine_remains()
+        if not nanny.is_alive():  # no worker to wait for
+            emitter.shared().submit(flight.disown, self.folder)
         logs.remove_nanny(nanny.address)
         # The post-mortems in progress reach the export queues, which the process's exit
         # flushes (bounded): not waited for here, with a collector that may be down.
@@ -349,15 +352,24 @@ class WorkerWatch:
 
     def _examine_remains(self) -> None:
         """Export what recorders of dead worker processes still hold, and delete them."""
-        for pid, path in flight.recorders(self.folder):
-            if pid != self.nanny.pid and not psutil.pid_exists(pid):
-                emitter.shared().submit(self._recover, path)
+        for path in _dead_recorders(self.folder, self.nanny.pid):
+            emitter.shared().submit(self._recover, path)
+
+    def _clean_up_after(self, folder: Path) -> None:
+        """In the background: what the dead workers of a Nanny that is gone left, sent,
+        and its directory removed (once its workers, which may outlive it, are dead)."""
+        for path in _dead_recorders(folder):
+            self._recover(path)
+        flight.disown(folder)
 
     def _recover(self, path: Path) -> flight.Wreck | None:
         """In the background: export what the recorder at ``path`` held unexported."""
-        wreck = flight.read(path)
+        claimed = flight.claim(path)
+        if claimed is None:
+            return None
+        wreck = flight.read(claimed)
         with contextlib.suppress(OSError):
-            path.unlink()
+            claimed.unlink()
         if wreck is not None:
             from dask_otel.distro import sdk
 
@@ -369,8 +381,7 @@ class WorkerWatch:
     def _post_mortem(self, death: Death, attributes: dict[str, Any]) -> None:
         wreck = self._recover(flight.path_of(self.nanny.address, death.pid))
         if self._closed:  # the last worker of this Nanny
-            with contextlib.suppress(OSError):
-                self.folder.rmdir()
+            flight.disown(self.folder)
         if not death.expected:
             record = DeathRecord(death, wreck, attributes, self.settings)
             record.emit(self._logger, self.providers.tracer())
@@ -588,6 +599,15 @@ def _line(entry: tuple, limit: int) -> str:
     seconds = (timestamp or 0) / 1e9
     when = datetime.fromtimestamp(seconds, timezone.utc).strftime("%H:%M:%S.%f")[:-3]
     return ids.cap(f"{when} {severity or ''} {body}", limit)
+
+
+def _dead_recorders(folder: Path, running: int | None = None) -> list[Path]:
+    """The recorders in ``folder`` of worker processes that are gone (not ``running``)."""
+    return [
+        path
+        for pid, path in flight.recorders(folder)
+        if pid != running and not psutil.pid_exists(pid)
+    ]
 
 
 # -- the kernel's OOM killer ----------------------------------------------------------------

@@ -28,6 +28,7 @@ import os
 import struct
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,22 +71,89 @@ MIN_SIZE = FLIGHT_RECORDER_MIN_SIZE
 SUFFIX = ".flight"
 
 
+def root() -> Path:
+    """The directory of this user's Nannies' directories (one machine-wide, per user)."""
+    try:
+        user = str(os.getuid())
+    except AttributeError:  # Windows
+        user = getpass.getuser()
+    return Path(tempfile.gettempdir()) / f"dask-otel-{user}"
+
+
 def directory(nanny_address: str) -> Path:
     """Where the Nanny at ``nanny_address`` and its workers keep flight recorders.
 
     Both ends derive it from the Nanny's address (the worker knows it from Dask), so
     nothing is passed between them, whichever way dask-otel reached either process.
     """
-    try:
-        user = str(os.getuid())
-    except AttributeError:  # Windows
-        user = getpass.getuser()
     digest = hashlib.sha1(nanny_address.encode(), usedforsecurity=False).hexdigest()[:16]
-    return Path(tempfile.gettempdir()) / f"dask-otel-{user}" / digest
+    return root() / digest
 
 
 def path_of(nanny_address: str, pid: int) -> Path:
     return directory(nanny_address) / f"{pid}{SUFFIX}"
+
+
+#: In each Nanny's directory: its pid and start time, by which another Nanny tells that
+#: it is gone (SIGKILLed, say) and cleans up after it.
+OWNER = "nanny"
+#: A directory without its owner's mark is left alone this long (being made, maybe).
+UNMARKED_GRACE = 60.0
+
+
+def own(folder: Path) -> None:
+    """Make ``folder`` (private to this user) and mark it as this process's."""
+    folder.parent.mkdir(mode=0o700, exist_ok=True)
+    folder.mkdir(mode=0o700, exist_ok=True)
+    (folder / OWNER).write_text(f"{os.getpid()} {_started(os.getpid())!r}")
+
+
+def disown(folder: Path) -> None:
+    """Remove the mark and the directory, if no recorder is left in it."""
+    with contextlib.suppress(OSError):
+        (folder / OWNER).unlink()
+    with contextlib.suppress(OSError):
+        folder.rmdir()
+
+
+def orphans(mine: Path) -> Iterator[Path]:
+    """The other Nannies' directories whose Nanny is gone."""
+    with contextlib.suppress(OSError):
+        for folder in mine.parent.iterdir():
+            if folder != mine and folder.is_dir() and not _owner_alive(folder):
+                yield folder
+
+
+def _owner_alive(folder: Path) -> bool:
+    try:
+        pid, started = (folder / OWNER).read_text().split()
+    except (OSError, ValueError):
+        try:
+            return time.time() - folder.stat().st_mtime < UNMARKED_GRACE
+        except OSError:
+            return False
+    return _started(int(pid)) == float(started)
+
+
+def _started(pid: int) -> float | None:
+    """When process ``pid`` started (None: there is none): a pid reused since is not it."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()  # type: ignore[no-any-return]
+    except psutil.Error:
+        return None
+
+
+def claim(path: Path) -> Path | None:
+    """Take the recorder at ``path`` for this process to read (renamed: two Nannies
+    cleaning up after a third never both send it); None if another took it first."""
+    claimed = path.with_name(f"{path.name}.{os.getpid()}")
+    try:
+        path.rename(claimed)
+    except OSError:
+        return None
+    return claimed
 
 
 class Ring:
