@@ -310,7 +310,7 @@ def run(output: Path, size: str = "normal", out: TextIO = sys.stdout) -> int:
         if problem is not None:
             raise DemoError(
                 f"no OTLP collector at {endpoint} ({problem}): the demo's telemetry would be "
-                "lost, so it did not run. Start a collector (see README, Local observability "
+                "lost, so it did not run. Start a collector (README: The local observability "
                 "stack), or unset OTEL_EXPORTER_OTLP_ENDPOINT to write files instead."
             )
         out.write(f"dask-otel demo: exporting to {endpoint}\n")
