@@ -2,10 +2,10 @@
 
 One ``task``-like span (8 attributes, a state event, two dependency links) is built and
 ended through the SDK (``start_span`` and ``end``, as dask-otel's emitter does), queued as
-dask-otel's span processor queues it (``compact``), rebuilt for the exporter
-(``rebuild``), and encoded as the OTLP exporters encode it (in batches of 512). Each step
-is timed in this thread, alone: inside a cluster the same steps share the GIL and the
-cores with Dask, and take longer.
+dask-otel's span processor queues it (``compact``), checked and rebuilt for the exporter
+(``sanitize.requests``, ``rebuild``), and encoded as the OTLP exporters encode it (in
+batches of 512). Each step is timed in this thread, alone: inside a cluster the same
+steps share the GIL and the cores with Dask, and take longer.
 
     python benchmarks/span_cost.py
 """
@@ -22,7 +22,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from dask_otel.distro import otlp, sdk
+from dask_otel.distro import otlp, sanitize, sdk
 
 PARENT = trace.SpanContext(0x1234, 0x5678, False, trace.TraceFlags(trace.TraceFlags.SAMPLED))
 LINKS = [
@@ -113,6 +113,7 @@ def main() -> None:
         (*values[:10], {**values[10], "dask.task.key": f"k{i}"}, *values[11:]) for i in range(512)
     ]
     encoder = otlp.Encoder(shared.__getitem__, shared.__getitem__)
+    spans = sanitize.Spans(shared.is_own_scope)
     print(f"CPU us per span (median of 5 runs of {args.spans:,} spans each):")
     steps = {
         "start_span, add_event, end (the SDK's span)": lambda: per_call(build, args.spans),
@@ -121,6 +122,9 @@ def main() -> None:
         ),
         "rebuild (for the exporter)": lambda: per_call(
             lambda: sdk.rebuild(values, shared), args.spans
+        ),
+        "check before export (sanitize, batches of 512)": lambda: per_call(
+            lambda: list(sanitize.requests(queued, spans)), max(1, args.spans // 512), 512
         ),
         "OTLP encoding (batches of 512)": lambda: per_call(
             lambda: encode_spans(batch).SerializeToString(), max(1, args.spans // 512), 512

@@ -23,12 +23,20 @@ import psutil
 import pytest
 from conftest import flush_emitters, in_process_cluster, otel_env, start_scheduler, start_worker
 from distributed import Client
+from opentelemetry import trace
+from opentelemetry._logs import LogRecord
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 from otlp_receiver import OTLPReceiver, _LogsServicer, _MetricsServicer, _TraceServicer
+
+from dask_otel.distro import sdk
 
 SECRET = "SECRET-MSG-4711"
 TOKEN = "s3cr3t"
@@ -132,6 +140,85 @@ def test_exception_messages_are_redacted_everywhere(telemetry, collect):
     assert SECRET not in text
     # Other handlers see the records as they were.
     assert any(SECRET in line for line in collect.lines if line.startswith("Compute Failed"))
+
+
+def record_on_own_span(x: int) -> int:
+    """Every way a task can put an exception on the span dask-otel made current for it."""
+    span = trace.get_current_span()
+    try:
+        fail_with_secret(x)
+    except ValueError as e:
+        span.record_exception(e)
+        span.add_event("exception", {"exception.type": "ValueError", "exception.message": str(e)})
+        span.set_status(StatusCode.ERROR, f"failed: {e}")
+    try:
+        with trace.use_span(span):  # records the exception and describes it in the status
+            fail_with_secret(x)
+    except ValueError:
+        pass
+    return x
+
+
+def test_exceptions_a_task_records_on_its_span_are_redacted(telemetry):
+    with (
+        dask.config.set({"otel.redact.exception-messages": True}),
+        in_process_cluster(n_workers=1) as client,
+    ):
+        assert client.submit(record_on_own_span, 3).result() == 3
+        flush_emitters(client)
+    (span,) = telemetry.spans("task record_on_own_span")
+    events = [e for e in span.events if e.name == "exception"]
+    assert len(events) == 3
+    for event in events:
+        assert event.attributes["exception.type"] == "ValueError"
+        assert event.attributes["exception.message"] == "[redacted]"
+        assert event.attributes.get("exception.stacktrace", "[redacted]") == "[redacted]"
+    assert span.status.description == "ValueError: [redacted]"
+    assert SECRET not in everything(telemetry)
+
+
+#: The user's own tracer inside tasks: set by the test (an in-process cluster).
+user_tracer: trace.Tracer = trace.NoOpTracer()
+
+
+def fail_in_own_span(x: int) -> int:
+    """A span the task makes itself, which the SDK marks as failed on the way out."""
+    try:
+        with user_tracer.start_as_current_span("mine"):
+            fail_with_secret(x)
+    except ValueError:
+        pass
+    return x
+
+
+def test_spans_and_records_a_task_makes_itself_are_redacted_on_export(telemetry, monkeypatch):
+    """Spans and log records that dask-otel did not make, exported through the SDK as
+    dask-otel configures it: their exception text is redacted too."""
+    spans, records = InMemorySpanExporter(), InMemoryLogRecordExporter()
+    tracer_provider, logger_provider = TracerProvider(), LoggerProvider()
+    span_processor = sdk.span_processor(spans)
+    tracer_provider.add_span_processor(span_processor)
+    log_processor = sdk._log_record_processor(records)
+    logger_provider.add_log_record_processor(log_processor)
+    monkeypatch.setattr(sys.modules[__name__], "user_tracer", tracer_provider.get_tracer("user"))
+    with (
+        dask.config.set({"otel.redact.exception-messages": True}),
+        in_process_cluster(n_workers=1) as client,
+    ):
+        assert client.submit(fail_in_own_span, 4).result() == 4
+        logger_provider.get_logger("user").emit(
+            LogRecord(body="by hand", attributes={"exception.message": SECRET})
+        )
+        assert span_processor.force_flush() and log_processor.force_flush()
+    (mine,) = spans.get_finished_spans()
+    assert mine.status.description == "ValueError: [redacted]"
+    (event,) = mine.events
+    assert event.attributes["exception.message"] == event.attributes["exception.stacktrace"]
+    assert event.attributes["exception.message"] == "[redacted]"
+    (record,) = [r.log_record for r in records.get_finished_logs()]
+    assert record.attributes["exception.message"] == "[redacted]"
+    tracer_provider.shutdown()
+    logger_provider.shutdown()
 
 
 def test_log_bodies_carry_the_template(telemetry, collect):

@@ -36,15 +36,16 @@ from opentelemetry.sdk._configuration import _initialize_components, _OTelSDKCon
 from opentelemetry.sdk._logs.export import (
     BatchLogRecordProcessor,
     LogRecordExporter,
+    LogRecordExportResult,
 )
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, Tracer
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.span import TraceState
 
 from dask_otel import runtime
-from dask_otel.distro import otlp
+from dask_otel.distro import otlp, sanitize
 from dask_otel.runtime import report_once, say_once
 from dask_otel.spans import errors
 
@@ -435,13 +436,22 @@ def _register_dropped_counter() -> None:
     )
 
 
-class _CountingExporter:
-    """Passes batches on to ``exporter``; counts the items of batches that failed.
+def _is_failure(result: Any) -> bool:
+    return getattr(result, "name", "SUCCESS") != "SUCCESS"  # SpanExportResult.FAILURE, ...
 
-    One implementation for both signals: ``signal`` names which one (``traces``, ``logs``).
+
+class _CountingExporter:
+    """Passes batches on to ``exporter`` as requests every item of which can be encoded
+    and that a collector accepts (:mod:`dask_otel.sanitize`); counts the items of
+    requests that failed.
+
+    One implementation for both signals: ``signal`` names which one (``traces``, ``logs``),
+    ``items`` how its items are checked, ``failure`` its exporters' FAILURE.
     """
 
     signal: str
+    items: sanitize.Spans | sanitize.LogRecords
+    failure: Any
 
     def __init__(self, exporter: Any, mirror: Mirror) -> None:
         self.exporter = exporter
@@ -449,15 +459,38 @@ class _CountingExporter:
 
     def export(self, batch: Sequence[Any]) -> Any:
         _warn_dropped(self.signal)  # queue drops since the last batch
+        result = None
         try:
-            result = self.exporter.export(self.readable(batch))
-        except Exception:
-            self._failed(len(batch))
-            raise
+            for request in sanitize.requests(batch, self.items):
+                sent = self._send(request)
+                if result is None or _is_failure(sent):
+                    result = sent
         finally:
             self.mirror.exported(batch)
-        if getattr(result, "name", "SUCCESS") != "SUCCESS":  # SpanExportResult.FAILURE, ...
-            self._failed(len(batch))
+        return result
+
+    def _send(self, items: Sequence[Any]) -> Any:
+        """Export ``items``. If encoding them raises all the same (a value no check
+        foresaw), halve them until the items that fail are alone: only they are lost."""
+        try:
+            result = self.exporter.export(self.readable(items))
+        except Exception as e:
+            if len(items) > 1:
+                half = len(items) // 2
+                first, second = self._send(items[:half]), self._send(items[half:])
+                return first if _is_failure(first) else second
+            self._failed(1)
+            report_once(
+                logger,
+                f"unexportable {self.signal}",
+                "dask-otel: one of the %s could not be exported and was dropped alone (said "
+                "once): %r",
+                _NOUNS[self.signal],
+                e,
+            )
+            return self.failure
+        if _is_failure(result):
+            self._failed(len(items))
         return result
 
     def readable(self, batch: Sequence[Any]) -> Sequence[Any]:
@@ -486,11 +519,13 @@ class _CountingSpanExporter(_CountingExporter, SpanExporter):
     SDK's encoder), ReadableSpans rebuilt from them otherwise."""
 
     signal = "traces"
+    failure = SpanExportResult.FAILURE
 
     def __init__(self, exporter: SpanExporter, shared: _SharedObjects, mirror: Mirror) -> None:
         super().__init__(exporter, mirror)
         self.shared = shared
         self.encodes_tuples = otlp.take_over(exporter, shared.__getitem__, shared.__getitem__)
+        self.items = sanitize.Spans(shared.is_own_scope)
 
     def readable(self, batch: Sequence[Any]) -> Sequence[Any]:
         if self.encodes_tuples:
@@ -500,6 +535,8 @@ class _CountingSpanExporter(_CountingExporter, SpanExporter):
 
 class _CountingLogRecordExporter(_CountingExporter, LogRecordExporter):
     signal = "logs"
+    failure = LogRecordExportResult.FAILURE
+    items = sanitize.LogRecords()
 
 
 class _QueueDrops:
@@ -629,6 +666,10 @@ class _SharedObjects:
 
     def __getitem__(self, index: int) -> Any:
         return self._objects[index]
+
+    def is_own_scope(self, index: int) -> bool:
+        """Whether scope ``index`` is dask-otel's (whose spans redact at the source)."""
+        return getattr(self._objects[index], "name", None) == runtime.SCOPE
 
 
 class _CompactBatchSpanProcessor(BatchSpanProcessor):

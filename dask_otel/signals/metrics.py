@@ -37,6 +37,7 @@ from dask_otel.signals.instruments import (
     MEMORY_BUCKETS,
     SIZE_BUCKETS,
 )
+from dask_otel.spans import ids
 from dask_otel.version import __version__
 
 if TYPE_CHECKING:
@@ -64,6 +65,16 @@ def _tick_max(server: Any) -> float:
     """Longest tick since the last read (as Dask's Prometheus collectors report it)."""
     longest = server.digests_max.pop("tick-duration", 0)
     return max(longest, time() - server._last_tick)
+
+
+#: Longest label taken from a name the user chose (a key's prefix, a semaphore's name,
+#: a metered activity): ``otel.max-attribute-length``'s default.
+LABEL_LENGTH = 256
+
+
+def _label(name: Any) -> str:
+    """A user-chosen name as a label: capped, and valid UTF-8 (see :func:`ids.cap`)."""
+    return ids.cap(str(name), LABEL_LENGTH)
 
 
 def _observe_scheduler(s: Any, base: Attributes) -> Iterator[tuple[str, float, Attributes]]:
@@ -100,7 +111,7 @@ def _observe_scheduler(s: Any, base: Attributes) -> Iterator[tuple[str, float, A
     totals: dict[str, int] = {}
     forgotten = 0
     for tp in list(s.task_prefixes.values()):
-        prefix = {**base, "dask.task.prefix": tp.name}
+        prefix = {**base, "dask.task.prefix": _label(tp.name)}
         for state, count in dict(tp.states).items():
             totals[state] = totals.get(state, 0) + count
         yield "dask.scheduler.tasks.suspicious", tp.suspicious, prefix
@@ -133,7 +144,7 @@ def _observe_extensions(extensions: dict[str, Any], base: Attributes) -> Points:
     if semaphores is not None:
         metrics_by_kind = {kind: dict(values) for kind, values in semaphores.metrics.items()}
         for name, max_leases in list(semaphores.max_leases.items()):
-            attributes = {**base, "dask.semaphore.name": str(name)}
+            attributes = {**base, "dask.semaphore.name": _label(name)}
             ns = "dask.scheduler.semaphore"
             yield f"{ns}.leases.max", max_leases, attributes
             yield f"{ns}.leases.active", len(semaphores.leases.get(name, ())), attributes
@@ -170,8 +181,8 @@ def _fine_performance_metrics(
         if not isinstance(key, tuple) or len(key) < 3 or key[-1] not in names:
             continue
         # P2P keys are (p2p, span id, where, activity, unit): no task prefix there.
-        prefix = str(key[-3]) if len(key) >= 4 and key[0] != "p2p" else None
-        group = (names[key[-1]], str(key[0]), prefix, str(key[-2]))
+        prefix = _label(key[-3]) if len(key) >= 4 and key[0] != "p2p" else None
+        group = (names[key[-1]], _label(key[0]), prefix, _label(key[-2]))
         totals[group] = totals.get(group, 0.0) + value
     for (name, context, prefix, activity), value in totals.items():
         attributes = {**base, "dask.metric.context": context, "dask.activity": activity}

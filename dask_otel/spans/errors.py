@@ -27,6 +27,11 @@ from dask_otel.spans.ids import cap
 _REPR_TYPE = re.compile(r"([A-Za-z_][\w.]*)\(")
 #: What replaces a redacted exception message, stack trace or log body.
 REDACTED = "[redacted]"
+#: Attributes of an ``exception`` event (and of a log record) that carry its text.
+EXCEPTION_TEXT = ("exception.message", "exception.stacktrace")
+#: The type at the start of an ERROR status's description, as the SDK writes it
+#: (``ValueError: message``).
+_DESCRIBED_TYPE = re.compile(r"([A-Za-z_][\w.]*): ")
 
 
 @dataclass
@@ -45,6 +50,37 @@ def set_redaction(settings: Any) -> None:
     """Adopt the ``otel.redact.*`` values of validated :class:`~dask_otel.config.Settings`."""
     redaction.exception_messages = bool(settings.redact_exception_messages)
     redaction.log_bodies = bool(settings.redact_log_bodies)
+
+
+def redact_description(description: str) -> str:
+    """An ERROR status's description without the exception's message: ``ValueError:
+    [redacted]`` for the SDK's ``ValueError: message``, else :data:`REDACTED`."""
+    match = _DESCRIBED_TYPE.match(description)
+    return f"{match.group(1)}: {REDACTED}" if match else REDACTED
+
+
+def redact_status(
+    status: Status | StatusCode, description: str | None
+) -> tuple[Status | StatusCode, str | None]:
+    """``set_status``'s arguments, an ERROR's description redacted (either form)."""
+    if isinstance(status, Status):
+        if status.status_code is StatusCode.ERROR and status.description:
+            status = Status(StatusCode.ERROR, redact_description(status.description))
+    elif status is StatusCode.ERROR and description:
+        description = redact_description(description)
+    return status, description
+
+
+def redact_exception_text(attributes: Any) -> Any:
+    """``attributes`` of an ``exception`` event or a log record, a copy with its message
+    and stack trace redacted if it had them."""
+    if not attributes or not any(name in attributes for name in EXCEPTION_TEXT):
+        return attributes
+    redacted = dict(attributes)
+    for name in EXCEPTION_TEXT:
+        if name in redacted:
+            redacted[name] = REDACTED
+    return redacted
 
 
 def type_name(exc: BaseException) -> str:
@@ -112,7 +148,7 @@ def describe(exception: Any, text: Any) -> tuple[str, str]:
         except Exception:
             exception = None
     if text is not None and not isinstance(text, str):
-        text = _safe_repr(text)
+        text = safe_repr(text)
     text_type = _text_type(text)
     if isinstance(exception, BaseException):
         message = safe_str(exception)
@@ -191,7 +227,7 @@ def _text_type(text: str | None) -> str | None:
     return match.group(1) if match else None
 
 
-def _safe_repr(value: Any) -> str:
+def safe_repr(value: Any) -> str:
     try:
         return repr(value)
     except Exception:
@@ -233,11 +269,17 @@ def exception_attributes(
     exception: BaseException, attributes: Any = None, escaped: bool = False
 ) -> dict[str, Any]:
     """The attributes of the SDK's ``exception`` event for ``exception`` (as
-    ``Span.record_exception`` makes them)."""
+    ``Span.record_exception`` makes them); message and stack trace :data:`REDACTED` with
+    ``otel.redact.exception-messages``."""
+    if redaction.exception_messages:
+        message = stack = REDACTED
+    else:
+        message = safe_str(exception)
+        stack = "".join(traceback.format_exception(exception))
     return {
         "exception.type": type_name(exception),
-        "exception.message": safe_str(exception),
-        "exception.stacktrace": "".join(traceback.format_exception(exception)),
+        "exception.message": message,
+        "exception.stacktrace": stack,
         "exception.escaped": str(escaped),
         **(attributes or {}),
     }

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import re
 import threading
 from typing import Any, NamedTuple
 
@@ -39,11 +40,23 @@ def key_to_str(key: Any) -> str:
     return key if isinstance(key, str) else str(key)
 
 
+#: Code points UTF-8 cannot carry: lone surrogates, which ``os.fsdecode`` and
+#: ``os.listdir`` make of a file name's undecodable bytes.
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def clean(text: str) -> str:
+    """``text`` as UTF-8 can carry it: each lone surrogate becomes U+FFFD (an OTLP
+    exporter fails a whole batch on one)."""
+    return text if text.isascii() else _SURROGATES.sub("\ufffd", text)
+
+
 def cap(text: str, limit: int) -> str:
-    """Truncate ``text`` to ``limit`` characters, marking the cut with an ellipsis."""
-    if len(text) <= limit:
-        return text
-    return text[: limit - 1] + "\u2026" if limit > 0 else ""
+    """Truncate ``text`` to ``limit`` characters, marking the cut with an ellipsis; made
+    :func:`clean`: every string dask-otel builds passes here."""
+    if len(text) > limit:
+        text = text[: limit - 1] + "\u2026" if limit > 0 else ""
+    return text if text.isascii() else _SURROGATES.sub("\ufffd", text)  # clean(), inline
 
 
 def task_span_id(carrier: trace.SpanContext, key: str, generation: int = 0) -> int:

@@ -92,6 +92,8 @@ class DeferredSpan(trace.Span):
     def add_event(
         self, name: str, attributes: types.Attributes = None, timestamp: int | None = None
     ) -> None:
+        if name == "exception" and errors.redaction.exception_messages:
+            attributes = errors.redact_exception_text(attributes)
         self._keep("add_event", name, attributes, timestamp or time_ns())
 
     def add_link(self, context: trace.SpanContext, attributes: types.Attributes = None) -> None:
@@ -103,6 +105,8 @@ class DeferredSpan(trace.Span):
     def set_status(
         self, status: trace.Status | trace.StatusCode, description: str | None = None
     ) -> None:
+        if errors.redaction.exception_messages:  # ``use_span`` describes the exception
+            status, description = errors.redact_status(status, description)
         self._keep("set_status", status, description)
 
     def record_exception(
@@ -113,9 +117,10 @@ class DeferredSpan(trace.Span):
         escaped: bool = False,
     ) -> None:
         """The SDK's ``exception`` event, made now: the exception and its frames (the
-        task's data) are not kept until the span is built."""
+        task's data) are not kept until the span is built. Redacted as dask-otel's own
+        (``otel.redact.exception-messages``)."""
         event = errors.exception_attributes(exception, attributes, escaped)
-        self._keep("add_event", "exception", event, timestamp or time_ns())
+        self.add_event("exception", event, timestamp)
 
     def __repr__(self) -> str:
         return f"DeferredSpan({self.get_span_context()!r})"

@@ -1,0 +1,304 @@
+"""Every span and log record that leaves through dask-otel's exporters can be encoded,
+and none costs its neighbours.
+
+OTLP carries strings as UTF-8. One lone surrogate (what ``os.fsdecode`` makes of a file
+name's undecodable bytes) in a span's name or status, an event's name or a log body fails
+the encoding of a whole batch (in an attribute, the encoder drops that attribute and logs
+an error, every time); so does a log body of a type OTLP has no value for (a NumPy array)
+or an integer beyond 64 bits. A collector refuses a request over 4 MiB, and the exporter
+retries it until it gives up: a few strings of a megabyte lose their batch.
+
+dask-otel's exporters look at each item before a batch leaves: one pass over its strings
+(~1.3 us a span, against ~60 us to encode it; ``benchmarks/span_cost.py``). Only an item
+that needs it is copied: U+FFFD for each lone surrogate, the ``repr`` of a value OTLP
+cannot carry, and, for an item too large for a request of its own, its longest strings
+cut. A batch whose strings add up to more than :data:`REQUEST_BYTES` leaves in several
+requests. With ``otel.redact.exception-messages`` the same pass redacts the exception
+events and ERROR descriptions of spans that dask-otel did not make (your own spans inside
+tasks, other libraries' instrumentation) and the ``exception.*`` attributes of every log
+record.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.sdk._logs import ReadableLogRecord
+
+from dask_otel.spans import errors, ids
+
+#: Estimated bytes of one request, below the 4 MiB a collector accepts over gRPC.
+REQUEST_BYTES = 3 << 20
+#: Bytes counted per item besides its strings (ids, times, numbers, framing).
+ITEM_BYTES = 512
+#: The longest string left in an item that does not fit a request as it is; then, if the
+#: item is still too large (hundreds of long attributes), the longest.
+CUTS = (256 << 10, 4 << 10)
+#: Levels of maps and lists kept in a log body or attribute (the encoder recurses).
+MAX_DEPTH = 32
+#: Stands for a value nested deeper.
+TOO_DEEP = "[nested too deep]"
+#: What a check returns for an item that must be copied clean before it can leave.
+DIRTY = -1
+
+_INT64 = (-(1 << 63), 1 << 63)
+_ERROR = 2  # StatusCode.ERROR.value, as a queued span holds it
+
+
+# -- checking: the bytes of an item's strings, or DIRTY ----------------------------------
+
+
+def _text_bytes(text: str) -> int:
+    if text.isascii():
+        return len(text)
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        return DIRTY
+
+
+def _value_bytes(value: Any, depth: int) -> int:
+    """Bytes of the strings in an OTLP ``AnyValue``; DIRTY if the encoder would fail."""
+    cls = value.__class__
+    if cls is str:
+        return _text_bytes(value)
+    if cls is bool or cls is float or value is None:
+        return 0
+    if cls is int:
+        return 0 if _INT64[0] <= value < _INT64[1] else DIRTY
+    if cls is bytes:
+        return len(value)
+    if depth >= MAX_DEPTH:
+        return DIRTY
+    if cls is tuple or cls is list:
+        total = 0
+        for item in value:
+            size = _value_bytes(item, depth + 1)
+            if size < 0:
+                return DIRTY
+            total += size
+        return total
+    if isinstance(value, Mapping):
+        return _attributes_bytes(value, depth + 1)
+    return DIRTY  # an array, an object: the encoder has no value for it
+
+
+def _attributes_bytes(attributes: Mapping[Any, Any] | None, depth: int = 0) -> int:
+    if not attributes:
+        return 0
+    total = 0
+    for key, value in attributes.items():
+        if key.__class__ is not str or not key.isascii():
+            return DIRTY  # rare enough to clean rather than check
+        if value.__class__ is str and value.isascii():  # the common case, inline
+            total += len(key) + len(value)
+            continue
+        size = _value_bytes(value, depth)
+        if size < 0:
+            return DIRTY
+        total += len(key) + size
+    return total
+
+
+def _has_exception_text(attributes: Mapping[str, Any] | None) -> bool:
+    """Whether an exception event's or a record's message or stack is unredacted."""
+    if not attributes:
+        return False
+    redacted = errors.REDACTED
+    return any(attributes.get(name, redacted) != redacted for name in errors.EXCEPTION_TEXT)
+
+
+# -- copying clean -----------------------------------------------------------------------
+
+
+class Cleaner:
+    """Makes a copy of what a check found wrong: U+FFFD for lone surrogates, ``repr`` for
+    values OTLP cannot carry, strings cut to ``limit``; exception text redacted when
+    ``redact``."""
+
+    def __init__(self, redact: bool, limit: int | None = None) -> None:
+        self.redact = redact
+        self.limit = limit
+
+    def text(self, text: Any) -> str:
+        text = ids.clean(text if text.__class__ is str else errors.safe_repr(text))
+        return text if self.limit is None else ids.cap(text, self.limit)
+
+    def value(self, value: Any, depth: int = 0) -> Any:
+        cls = value.__class__
+        if cls is str:
+            return self.text(value)
+        if cls is bool or cls is float or value is None:
+            return value
+        if cls is int:
+            return value if _INT64[0] <= value < _INT64[1] else str(value)
+        if cls is bytes:
+            return value if self.limit is None else value[: self.limit]
+        if depth >= MAX_DEPTH:
+            return TOO_DEEP
+        if cls is tuple or cls is list:
+            return [self.value(item, depth + 1) for item in value]
+        if isinstance(value, Mapping):
+            return self.attributes(value, depth + 1)
+        return self.text(value)
+
+    def attributes(self, attributes: Mapping[Any, Any] | None, depth: int = 0) -> dict | None:
+        if attributes is None:
+            return None
+        return {self.text(k): self.value(v, depth) for k, v in attributes.items()}
+
+    def exception(self, attributes: Mapping[str, Any] | None) -> dict | None:
+        """Attributes of an exception event or log record, redacted if so configured."""
+        cleaned = self.attributes(attributes)
+        return errors.redact_exception_text(cleaned) if self.redact else cleaned
+
+
+# -- the two kinds of item ----------------------------------------------------------------
+
+
+class Spans:
+    """Spans as dask-otel's processor queues them (:func:`dask_otel.distro.sdk.compact`)."""
+
+    NAME, SCOPE, ATTRIBUTES, EVENTS, LINKS, CODE, DESCRIPTION = 0, 8, 10, 11, 12, 13, 14
+
+    def __init__(self, own_scope: Callable[[int], bool]) -> None:
+        #: Whether a scope number is dask-otel's, whose spans redact at the source.
+        self.own_scope = own_scope
+
+    def size(self, values: tuple, redact: bool) -> int:
+        total = _text_bytes(values[self.NAME])
+        attributes = _attributes_bytes(values[self.ATTRIBUTES])
+        if total < 0 or attributes < 0:
+            return DIRTY
+        total += attributes + ITEM_BYTES
+        description = values[self.DESCRIPTION]
+        redacting = redact and not self.own_scope(values[self.SCOPE])
+        if description is not None:
+            size = _text_bytes(description)
+            if size < 0:
+                return DIRTY
+            error = redacting and values[self.CODE] == _ERROR
+            if error and errors.redact_description(description) != description:
+                return DIRTY
+            total += size
+        for name, _, attributes in values[self.EVENTS]:
+            size, attributes_size = _text_bytes(name), _attributes_bytes(attributes)
+            if size < 0 or attributes_size < 0:
+                return DIRTY
+            if redacting and name == "exception" and _has_exception_text(attributes):
+                return DIRTY
+            total += size + attributes_size
+        for link in values[self.LINKS]:
+            size = _attributes_bytes(link[5])
+            if size < 0:
+                return DIRTY
+            total += size
+        return total
+
+    def clean(self, values: tuple, cleaner: Cleaner) -> tuple:
+        redacting = cleaner.redact and not self.own_scope(values[self.SCOPE])
+        span = list(values)
+        span[self.NAME] = cleaner.text(values[self.NAME])
+        span[self.ATTRIBUTES] = cleaner.attributes(values[self.ATTRIBUTES])
+        span[self.EVENTS] = tuple(
+            (
+                cleaner.text(name),
+                timestamp,
+                cleaner.exception(attributes)
+                if redacting and name == "exception"
+                else cleaner.attributes(attributes),
+            )
+            for name, timestamp, attributes in values[self.EVENTS]
+        )
+        span[self.LINKS] = tuple(
+            (*link[:5], cleaner.attributes(link[5])) for link in values[self.LINKS]
+        )
+        description = values[self.DESCRIPTION]
+        if description is not None:
+            if redacting and values[self.CODE] == _ERROR:
+                description = errors.redact_description(description)
+            span[self.DESCRIPTION] = cleaner.text(description)
+        return tuple(span)
+
+
+class LogRecords:
+    """The SDK's log records."""
+
+    def size(self, readable: ReadableLogRecord, redact: bool) -> int:
+        record = readable.log_record
+        body = record.body
+        total = _text_bytes(body) if body.__class__ is str else _value_bytes(body, 0)
+        attributes = _attributes_bytes(record.attributes)
+        if total < 0 or attributes < 0:
+            return DIRTY
+        if redact and _has_exception_text(record.attributes):
+            return DIRTY
+        total += attributes + ITEM_BYTES
+        for text in (record.event_name, record.severity_text):
+            if text is not None:
+                size = _text_bytes(text)
+                if size < 0:
+                    return DIRTY
+                total += size
+        return total
+
+    def clean(self, readable: ReadableLogRecord, cleaner: Cleaner) -> ReadableLogRecord:
+        original = readable.log_record
+        record = copy.copy(original)
+        record.body = cleaner.value(original.body)
+        attributes = BoundedAttributes(
+            attributes=cleaner.exception(original.attributes),
+            immutable=False,
+            extended_attributes=True,
+        )
+        attributes.dropped = getattr(original.attributes, "dropped", 0)
+        record.attributes = attributes
+        if original.event_name is not None:
+            record.event_name = cleaner.text(original.event_name)
+        if original.severity_text is not None:
+            record.severity_text = cleaner.text(original.severity_text)
+        return dataclasses.replace(readable, log_record=record)
+
+
+# -- batches into requests ---------------------------------------------------------------
+
+
+def requests(batch: Sequence[Any], kind: Spans | LogRecords) -> Iterator[Sequence[Any]]:
+    """``batch`` as requests that can be encoded and that a collector accepts: items
+    copied clean where they must be, split where their strings add up to too much."""
+    redact = errors.redaction.exception_messages
+    items: Sequence[Any] | list[Any] = batch
+    sizes = []
+    for i, item in enumerate(batch):
+        size = kind.size(item, redact)
+        if size < 0 or size > REQUEST_BYTES:
+            if items is batch:
+                items = list(batch)
+            items[i], size = _fixed(item, kind, redact)  # type: ignore[index]
+        sizes.append(size)
+    if sum(sizes) <= REQUEST_BYTES:
+        yield items
+        return
+    start, used = 0, 0
+    for i, size in enumerate(sizes):
+        if i > start and used + size > REQUEST_BYTES:
+            yield items[start:i]
+            start, used = i, 0
+        used += size
+    yield items[start:]
+
+
+def _fixed(item: Any, kind: Spans | LogRecords, redact: bool) -> tuple[Any, int]:
+    """``item`` copied clean, its strings cut until it fits a request (if they can be)."""
+    fixed = kind.clean(item, Cleaner(redact))
+    size = kind.size(fixed, redact)
+    for limit in CUTS:
+        if 0 <= size <= REQUEST_BYTES:
+            break
+        fixed = kind.clean(item, Cleaner(redact, limit))
+        size = kind.size(fixed, redact)
+    return fixed, max(size, ITEM_BYTES)
