@@ -10,6 +10,7 @@ import pytest
 from _pytest.logging import LogCaptureHandler
 from conftest import flush_emitters, in_process_cluster, instrumented
 from distributed import Client, LocalCluster
+from opentelemetry import trace
 
 from dask_otel.signals import logs
 
@@ -182,3 +183,52 @@ def test_no_logger_gets_a_handler_and_uninstrument_puts_logging_back():
             assert not [h for h in handlers if type(h).__name__ == "LoggingHandler"]
         assert records(telemetry, lambda r: r.body == "marker 4")
     assert logging.Logger.callHandlers is before
+
+
+def set_many_attributes(x: int) -> int:
+    span = trace.get_current_span()
+    for i in range(2_000):
+        span.set_attribute(f"user.attribute.{i}", i)
+    return x
+
+
+def test_the_sdks_own_warnings_are_exported_sparingly(telemetry, cluster_client):
+    """Each attribute over the SDK's limit makes it warn ("Attributes dict is full"):
+    exported once, then once a minute with the count of those held back; Python logging's
+    other handlers still see every one."""
+    seen = []
+    handler = logging.Handler()
+    handler.emit = seen.append  # type: ignore[method-assign]
+    sdk_logger = logging.getLogger("opentelemetry.attributes")
+    sdk_logger.addHandler(handler)
+    try:
+        futures = cluster_client.map(set_many_attributes, range(4))
+        assert cluster_client.gather(futures) == [0, 1, 2, 3]
+        flush_emitters(cluster_client)
+    finally:
+        sdk_logger.removeHandler(handler)
+    full = [
+        r
+        for r in telemetry.log_exporter.get_finished_logs()
+        if str(r.log_record.body).startswith("Attributes dict is full")
+    ]
+    assert len(seen) > 1_000  # the SDK's own count, per attribute
+    assert len(full) == 1
+    assert full[0].instrumentation_scope.name == "opentelemetry.attributes"
+
+
+def test_repeats_are_counted_when_the_window_is_over(monkeypatch):
+    repeats = logs.Repeats()
+    clock = [1000.0]
+    monkeypatch.setattr(logs, "monotonic", lambda: clock[0])
+
+    def record(message: str) -> logging.LogRecord:
+        return logging.LogRecord("opentelemetry.sdk", logging.WARNING, "f", 1, message, (), None)
+
+    assert repeats.admit(record("full"))
+    assert not any(repeats.admit(record("full")) for _ in range(9))
+    assert repeats.admit(record("other"))
+    clock[0] += logs.Repeats.WINDOW
+    later = record("full")
+    assert repeats.admit(later)
+    assert later.__dict__["dask_otel.log.repeated"] == 9

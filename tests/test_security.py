@@ -8,6 +8,7 @@ listening port besides Dask's own.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -143,7 +144,8 @@ def test_exception_messages_are_redacted_everywhere(telemetry, collect):
 
 
 def record_on_own_span(x: int) -> int:
-    """Every way a task can put an exception on the span dask-otel made current for it."""
+    """Every way a task can put an exception on the span dask-otel made current for it,
+    and an exception quoted in a log message."""
     span = trace.get_current_span()
     try:
         fail_with_secret(x)
@@ -154,12 +156,12 @@ def record_on_own_span(x: int) -> int:
     try:
         with trace.use_span(span):  # records the exception and describes it in the status
             fail_with_secret(x)
-    except ValueError:
-        pass
+    except ValueError as e:
+        logging.getLogger("user.code").warning("gave up on %s: %s", x, e)
     return x
 
 
-def test_exceptions_a_task_records_on_its_span_are_redacted(telemetry):
+def test_exceptions_a_task_records_on_its_span_or_logs_are_redacted(telemetry):
     with (
         dask.config.set({"otel.redact.exception-messages": True}),
         in_process_cluster(n_workers=1) as client,
@@ -174,6 +176,8 @@ def test_exceptions_a_task_records_on_its_span_are_redacted(telemetry):
         assert event.attributes["exception.message"] == "[redacted]"
         assert event.attributes.get("exception.stacktrace", "[redacted]") == "[redacted]"
     assert span.status.description == "ValueError: [redacted]"
+    # An exception quoted in a log message, not only one given as exc_info.
+    assert "gave up on 3: ValueError: [redacted]" in [r.body for r in telemetry.logs()]
     assert SECRET not in everything(telemetry)
 
 
@@ -321,6 +325,45 @@ def test_task_arguments_and_results_are_never_exported(telemetry):
     text = everything(telemetry) + metrics
     assert "LOGGED-ON-PURPOSE" in text  # what the task itself logs is exported ...
     assert ARG not in text and RESULT not in text  # ... its arguments and results never
+
+
+PASSWORD = "SECRET-PASSWORD-2718"
+
+
+def connect(host: str, password: str | None = None, token: str | None = None) -> str:
+    if host != "db":
+        raise ConnectionError(f"cannot connect to {host}")
+    return "connected"
+
+
+@pytest.mark.parametrize("redact", [False, True])
+def test_functions_run_with_client_run_and_their_arguments_are_never_exported(telemetry, redact):
+    """``client.run`` and ``run_on_scheduler``: Dask's ``run-function`` event holds the
+    pickled function (a ``functools.partial`` pickles its arguments), its ``Run Failed``
+    records print the arguments; whatever the redaction settings, neither leaves."""
+    with (
+        dask.config.set({"otel.redact.exception-messages": redact}),
+        in_process_cluster(n_workers=1) as client,
+    ):
+        bound = functools.partial(connect, password=PASSWORD)
+        assert set(client.run(bound, "db").values()) == {"connected"}
+        assert client.run_on_scheduler(bound, "db") == "connected"
+        with pytest.raises(ConnectionError):
+            client.run(connect, "elsewhere", password=PASSWORD)
+        with pytest.raises(ConnectionError):
+            client.run_on_scheduler(connect, "elsewhere", token=PASSWORD)
+        flush_emitters(client)
+        metrics = telemetry.metric_reader.get_metrics_data().to_json()
+    records = telemetry.logs()
+    events = [r for r in records if r.event_name == "dask.run-function"]
+    assert len(events) >= 2  # flush_emitters runs one too
+    assert all(r.body["function"] == "[redacted]" for r in events)
+    failed = [r.body for r in records if str(r.body).startswith("Run Failed")]
+    assert len(failed) == 2
+    for body in failed:
+        assert "Function: connect" in body  # its name, as in a task's prefix
+        assert "args:     [redacted]" in body and "kwargs:   [redacted]" in body
+    assert PASSWORD not in everything(telemetry) + metrics
 
 
 # -- OTLP headers and TLS -------------------------------------------------------------------

@@ -92,15 +92,15 @@ def _attributes_bytes(attributes: Mapping[Any, Any] | None, depth: int = 0) -> i
         return 0
     total = 0
     for key, value in attributes.items():
-        if key.__class__ is not str or not key.isascii():
-            return DIRTY  # rare enough to clean rather than check
-        if value.__class__ is str and value.isascii():  # the common case, inline
+        if key.__class__ is not str:
+            return DIRTY
+        if value.__class__ is str and value.isascii() and key.isascii():  # the common case
             total += len(key) + len(value)
             continue
-        size = _value_bytes(value, depth)
-        if size < 0:
+        key_size, size = _text_bytes(key), _value_bytes(value, depth)
+        if key_size < 0 or size < 0:
             return DIRTY
-        total += len(key) + size
+        total += key_size + size
     return total
 
 
@@ -232,12 +232,15 @@ class LogRecords:
         record = readable.log_record
         body = record.body
         total = _text_bytes(body) if body.__class__ is str else _value_bytes(body, 0)
-        attributes = _attributes_bytes(record.attributes)
-        if total < 0 or attributes < 0:
+        # The SDK's BoundedAttributes: its dict, read without the Mapping protocol (and its
+        # lock) per key: 0.3 us a record instead of 1.0.
+        attributes = getattr(record.attributes, "_dict", record.attributes)
+        attributes_size = _attributes_bytes(attributes)
+        if total < 0 or attributes_size < 0:
             return DIRTY
-        if redact and _has_exception_text(record.attributes):
+        if redact and _has_exception_text(attributes):
             return DIRTY
-        total += attributes + ITEM_BYTES
+        total += attributes_size + ITEM_BYTES
         for text in (record.event_name, record.severity_text):
             if text is not None:
                 size = _text_bytes(text)

@@ -6,7 +6,9 @@ retirements, restarts and every other topic: one record per event, named after i
 Strings in the body are capped at ``otel.max-attribute-length``; with
 ``otel.redact.exception-messages`` the exception fields Dask puts in events (e.g. a
 worker's ``worker-fail-hard``) become ``[redacted]``, and with ``otel.redact.log-bodies``
-every string in the body but its ``action``.
+every string in the body but its ``action``. A function and its arguments
+(``run_on_scheduler``'s ``run-function``) never leave, nor do bytes (pickles): their
+length does.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ MAX_ITEMS = 100
 MIRRORED_TO_ALL = frozenset({"add-worker", "remove-worker"})
 #: Fields of an event body that hold an exception or its text (``error_message`` names).
 EXCEPTION_FIELDS = frozenset({"exception", "exception_text", "traceback", "traceback_text"})
+#: Fields of an event body that hold a function or its arguments: never exported.
+ARGUMENT_FIELDS = frozenset({"function", "args", "kwargs"})
 
 
 class EventRecorder:
@@ -96,7 +100,9 @@ def _body(msg: Any, limit: int) -> Any:
     body = {}
     for k, v in islice(msg.items(), MAX_ITEMS):
         name = ids.cap(ids.key_to_str(k), limit)
-        if k in EXCEPTION_FIELDS and redaction.exception_messages and v is not None:
+        if k in ARGUMENT_FIELDS or (
+            k in EXCEPTION_FIELDS and redaction.exception_messages and v is not None
+        ):
             body[name] = errors.REDACTED
         else:
             body[name] = _plain(v, limit, redaction.log_bodies and k != "action")
@@ -112,6 +118,8 @@ def _plain(value: Any, limit: int, redact: bool = False) -> Any:
         return value
     if isinstance(value, str):
         return errors.REDACTED if redact else ids.cap(value, limit)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return f"[{len(value)} bytes]"  # a pickle holds whatever was pickled
     if isinstance(value, dict):
         plain = {
             ids.cap(ids.key_to_str(k), limit): _plain(v, limit, redact)
