@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import json
 import os
@@ -26,6 +27,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from otlp_receiver import OTLPReceiver
 
 import dask_otel
+from dask_otel.spans import errors
 
 HERE = Path(__file__).parent
 
@@ -48,6 +50,16 @@ class Telemetry:
 
     def logs(self) -> list:
         return [r.log_record for r in self.log_exporter.get_finished_logs()]
+
+
+@pytest.fixture(autouse=True)
+def redaction_restored() -> Iterator[None]:
+    """``otel.redact.*`` is process state, set as components activate (and read by the
+    exporters dask-otel configures): a test that turns it on leaves it as it found it."""
+    saved = dataclasses.replace(errors.redaction)
+    yield
+    errors.redaction.exception_messages = saved.exception_messages
+    errors.redaction.log_bodies = saved.log_bodies
 
 
 @pytest.fixture
