@@ -124,7 +124,7 @@ def main() -> None:
             lambda: sdk.rebuild(values, shared), args.spans
         ),
         "check before export (sanitize, batches of 512)": lambda: per_call(
-            lambda: list(sanitize.requests(queued, spans)), max(1, args.spans // 512), 512
+            lambda: list(sanitize.requests(tuples, spans)), max(1, args.spans // 512), 512
         ),
         "OTLP encoding (batches of 512)": lambda: per_call(
             lambda: encode_spans(batch).SerializeToString(), max(1, args.spans // 512), 512

@@ -1,20 +1,22 @@
 """Every span and log record that leaves through dask-otel's exporters can be encoded,
 and none costs its neighbours.
 
-OTLP carries strings as UTF-8. One lone surrogate (what ``os.fsdecode`` makes of a file
-name's undecodable bytes) in a span's name or status, an event's name or a log body fails
-the encoding of a whole batch (in an attribute, the encoder drops that attribute and logs
-an error, every time); so does a log body of a type OTLP has no value for (a NumPy array)
-or an integer beyond 64 bits. A collector refuses a request over 4 MiB, and the exporter
-retries it until it gives up: a few strings of a megabyte lose their batch.
+OTLP carries strings as UTF-8. In the SDK's encoder (OTLP/HTTP, log records), one lone
+surrogate (what ``os.fsdecode`` makes of a file name's undecodable bytes) in a span's name
+or status, an event's name or a log body fails the encoding of a whole batch (in an
+attribute, the encoder drops that attribute and logs an error, every time); so does a
+value of a type OTLP has no value for (a NumPy array), in every encoder, and an integer
+beyond 64 bits. A collector refuses a request over 4 MiB, and the exporter retries it
+until it gives up: a few strings of a megabyte lose their batch.
 
 dask-otel's exporters look at each item before a batch leaves: one pass over its strings
-(1.6 us a span against 49 us to encode it, ``benchmarks/span_cost.py``; 0.3 us a log
-record against 6). Only an item that needs it is copied: U+FFFD for each lone surrogate,
-the ``repr`` of a value OTLP cannot carry, and, for an item too large for a request of
-its own, its strings cut (:data:`CUTS`). A batch whose strings add up to more than
-:data:`REQUEST_BYTES` leaves in several requests (and if encoding raises all the same, the
-exporter halves it until the failing item is alone: ``sdk._CountingExporter``). With
+(1.4 us a span, against ~6 us to encode it from its tuple over gRPC and ~50 through the
+SDK's encoder, ``benchmarks/span_cost.py``; 0.3 us a log record, against 6). Only an item
+that needs it is copied: U+FFFD for each lone surrogate, the ``repr`` of a value OTLP
+cannot carry, and, for an item too large for a request of its own, its strings cut
+(:data:`CUTS`). A batch whose strings add up to more than :data:`REQUEST_BYTES` leaves in
+several requests (and if encoding raises all the same, the exporter halves it until the
+failing item is alone: ``sdk._CountingExporter``). With
 ``otel.redact.exception-messages`` the same pass redacts the exception events and ERROR
 descriptions of spans that dask-otel did not make (your own spans inside tasks, other
 libraries' instrumentation) and the ``exception.*`` attributes of every log record.
@@ -93,11 +95,16 @@ def _attributes_bytes(attributes: Mapping[Any, Any] | None, depth: int = 0) -> i
         return 0
     total = 0
     for key, value in attributes.items():
+        cls = value.__class__
+        if cls is str:  # the common cases first, inline
+            if value.isascii() and key.isascii():
+                total += len(key) + len(value)
+                continue
+        elif cls is int and _INT64[0] <= value < _INT64[1] and key.isascii():
+            total += len(key)
+            continue
         if key.__class__ is not str:
             return DIRTY
-        if value.__class__ is str and value.isascii() and key.isascii():  # the common case
-            total += len(key) + len(value)
-            continue
         key_size, size = _text_bytes(key), _value_bytes(value, depth)
         if key_size < 0 or size < 0:
             return DIRTY
@@ -171,7 +178,8 @@ class Spans:
         self.own_scope = own_scope
 
     def size(self, values: tuple, redact: bool) -> int:
-        total = _text_bytes(values[self.NAME])
+        name = values[self.NAME]
+        total = len(name) if name.isascii() else _text_bytes(name)
         attributes = _attributes_bytes(values[self.ATTRIBUTES])
         if total < 0 or attributes < 0:
             return DIRTY
@@ -275,24 +283,26 @@ def requests(batch: Sequence[Any], kind: Spans | LogRecords) -> Iterator[Sequenc
     """``batch`` as requests that can be encoded and that a collector accepts: items
     copied clean where they must be, split where their strings add up to too much."""
     redact = errors.redaction.exception_messages
+    size = kind.size
     items: Sequence[Any] | list[Any] = batch
-    sizes = []
+    total = 0
     for i, item in enumerate(batch):
-        size = kind.size(item, redact)
-        if size < 0 or size > REQUEST_BYTES:
+        item_size = size(item, redact)
+        if item_size < 0 or item_size > REQUEST_BYTES:
             if items is batch:
                 items = list(batch)
-            items[i], size = _fixed(item, kind, redact)  # type: ignore[index]
-        sizes.append(size)
-    if sum(sizes) <= REQUEST_BYTES:
+            items[i], item_size = _fixed(item, kind, redact)  # type: ignore[index]
+        total += item_size
+    if total <= REQUEST_BYTES:
         yield items
         return
     start, used = 0, 0
-    for i, size in enumerate(sizes):
-        if i > start and used + size > REQUEST_BYTES:
+    for i, item in enumerate(items):  # rare: sized again
+        item_size = max(size(item, redact), ITEM_BYTES)
+        if i > start and used + item_size > REQUEST_BYTES:
             yield items[start:i]
             start, used = i, 0
-        used += size
+        used += item_size
     yield items[start:]
 
 
