@@ -177,3 +177,16 @@ def test_ring_keeps_the_newest_records(seed):
     if len(kept) < len(written):
         largest = max(len(p) + 16 for p in written)
         assert sum(len(p) + 16 for p in written[len(written) - len(kept) - 1 :]) + largest > size
+
+
+def test_a_closed_nannys_cleanup_spares_the_next_one_at_its_address(tmp_path):
+    """A Nanny's directory is named after its address, which a later Nanny may reuse: the
+    old one's cleanup, late in the background, leaves the new one's directory alone (its
+    worker would otherwise find none and record nothing for the post-mortem)."""
+    folder = tmp_path / "nanny-at-a-reused-port"
+    old = flight.own(folder)
+    new = flight.own(folder)
+    flight.disown(folder, old)
+    assert flight.mark_of(folder) == new
+    flight.disown(folder, new)
+    assert not folder.exists()

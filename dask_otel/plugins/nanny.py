@@ -209,6 +209,8 @@ class WorkerWatch:
         self._callback = PeriodicCallback(self._read_memory, self.interval * 1000)
         self._identity: asyncio.Task | None = None
         self._closed = False
+        #: This Nanny's mark on its flight recorders' directory (None: not made).
+        self._mark: str | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -216,7 +218,7 @@ class WorkerWatch:
         nanny = self.nanny
         if self.settings.flight_recorder_size:
             with contextlib.suppress(OSError):
-                flight.own(self.folder)
+                self._mark = flight.own(self.folder)
             self._examine_remains()  # left by an earlier Nanny at this address
             for folder in flight.orphans(self.folder):  # and by Nannies that are gone
                 emitter.shared().submit(self._clean_up_after, folder)
@@ -245,7 +247,7 @@ class WorkerWatch:
             nanny.__dict__.pop(name, None)
         self._examine_remains()
         if not nanny.is_alive():  # no worker to wait for
-            emitter.shared().submit(flight.disown, self.folder)
+            emitter.shared().submit(flight.disown, self.folder, self._mark)
         logs.remove_nanny(nanny.address)
         # The post-mortems in progress reach the export queues, which the process's exit
         # flushes (bounded): not waited for here, with a collector that may be down.
@@ -358,9 +360,10 @@ class WorkerWatch:
     def _clean_up_after(self, folder: Path) -> None:
         """In the background: what the dead workers of a Nanny that is gone left, sent,
         and its directory removed (once its workers, which may outlive it, are dead)."""
+        mark = flight.mark_of(folder)
         for path in _dead_recorders(folder):
             self._recover(path)
-        flight.disown(folder)
+        flight.disown(folder, mark)
 
     def _recover(self, path: Path) -> flight.Wreck | None:
         """In the background: export what the recorder at ``path`` held unexported."""
@@ -381,7 +384,7 @@ class WorkerWatch:
     def _post_mortem(self, death: Death, attributes: dict[str, Any]) -> None:
         wreck = self._recover(flight.path_of(self.nanny.address, death.pid))
         if self._closed:  # the last worker of this Nanny
-            flight.disown(self.folder)
+            flight.disown(self.folder, self._mark)
         if not death.expected:
             record = DeathRecord(death, wreck, attributes, self.settings)
             record.emit(self._logger, self.providers.tracer())

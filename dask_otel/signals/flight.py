@@ -29,6 +29,7 @@ import struct
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,21 +96,34 @@ def path_of(nanny_address: str, pid: int) -> Path:
 
 
 #: In each Nanny's directory: its pid and start time, by which another Nanny tells that
-#: it is gone (SIGKILLed, say) and cleans up after it.
+#: it is gone (SIGKILLed, say) and cleans up after it, and a token of the Nanny itself (a
+#: new Nanny at a reused address must not lose its directory to the old one's cleanup).
 OWNER = "nanny"
 #: A directory without its owner's mark is left alone this long (being made, maybe).
 UNMARKED_GRACE = 60.0
 
 
-def own(folder: Path) -> None:
-    """Make ``folder`` (private to this user) and mark it as this process's."""
+def own(folder: Path) -> str:
+    """Make ``folder`` (private to this user) and mark it as this Nanny's; the mark."""
     folder.parent.mkdir(mode=0o700, exist_ok=True)
     folder.mkdir(mode=0o700, exist_ok=True)
-    (folder / OWNER).write_text(f"{os.getpid()} {_started(os.getpid())!r}")
+    mark = f"{os.getpid()} {_started(os.getpid())!r} {uuid.uuid4().hex}"
+    (folder / OWNER).write_text(mark)
+    return mark
 
 
-def disown(folder: Path) -> None:
-    """Remove the mark and the directory, if no recorder is left in it."""
+def mark_of(folder: Path) -> str | None:
+    try:
+        return (folder / OWNER).read_text()
+    except OSError:
+        return None
+
+
+def disown(folder: Path, mark: str | None) -> None:
+    """Remove the mark and the directory, if no recorder is left in it and the folder
+    still holds ``mark`` (None: it holds none)."""
+    if mark_of(folder) != mark:
+        return
     with contextlib.suppress(OSError):
         (folder / OWNER).unlink()
     with contextlib.suppress(OSError):
@@ -126,7 +140,7 @@ def orphans(mine: Path) -> Iterator[Path]:
 
 def _owner_alive(folder: Path) -> bool:
     try:
-        pid, started = (folder / OWNER).read_text().split()
+        pid, started, _ = (folder / OWNER).read_text().split()
     except (OSError, ValueError):
         try:
             return time.time() - folder.stat().st_mtime < UNMARKED_GRACE
