@@ -86,7 +86,7 @@ def fail(i: int, depth: int = 10) -> int:
 
 def flush_scheduler(dask_scheduler) -> bool:  # type: ignore[no-untyped-def]
     plugin = dask_scheduler.plugins.get("dask-otel")
-    return plugin is None or plugin._emitter is None or plugin._emitter.flush(300)
+    return plugin is None or plugin.flush(300)
 
 
 def emitter_backlog(dask_scheduler) -> int:  # type: ignore[no-untyped-def]

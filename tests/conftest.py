@@ -102,17 +102,12 @@ def in_process_cluster(n_workers: int = 2, **kwargs) -> Iterator[Client]:
 def flush_emitters(client) -> None:
     """Wait until the scheduler and worker plugins emitted every span they recorded."""
 
-    def flush_emitters(dask_scheduler) -> bool:
-        plugin = dask_scheduler.plugins.get("dask-otel")
-        return plugin is None or plugin._emitter is None or plugin._emitter.flush(10)
+    def flush(dask_scheduler=None, dask_worker=None) -> bool:
+        plugin = (dask_scheduler or dask_worker).plugins.get("dask-otel")
+        return plugin is None or plugin.flush(10)
 
-    def flush_worker(dask_worker) -> bool:
-        plugin = dask_worker.plugins.get("dask-otel")
-        tracer = getattr(plugin, "_tracer", None)
-        return tracer is None or tracer.spans.emitter.flush(10)
-
-    assert all(client.run(flush_worker).values())
-    assert client.run_on_scheduler(flush_emitters)
+    assert all(client.run(flush).values())
+    assert client.run_on_scheduler(flush)
 
 
 @pytest.fixture

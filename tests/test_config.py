@@ -221,7 +221,7 @@ def test_valid_value_lets_an_instrumented_scheduler_start(telemetry):
                 host="127.0.0.1", port=0, dashboard_address="127.0.0.1:0"
             ) as scheduler:
                 plugin = scheduler.plugins["dask-otel"]
-                assert plugin._settings.max_task_events == 3
+                assert plugin.settings.max_task_events == 3
                 return list(scheduler.plugins)
 
     assert "dask-otel" in asyncio.run(asyncio.wait_for(start(), 30))

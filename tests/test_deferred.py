@@ -185,6 +185,28 @@ def test_an_ended_span_under_a_span_context_or_none():
 # -- spans written straight as tuples (an SDK tracer) versus through start_span ----------
 
 
+class AnotherTracer(trace.Tracer):
+    """Another SDK's tracer (here one that hands everything to the SDK's, preset span
+    ids included): dask-otel starts its spans through the API."""
+
+    def __init__(self, tracer: trace.Tracer) -> None:
+        self._tracer = tracer
+
+    @property
+    def id_generator(self):
+        return self._tracer.id_generator
+
+    @id_generator.setter
+    def id_generator(self, generator) -> None:
+        self._tracer.id_generator = generator
+
+    def start_span(self, *args, **kwargs):
+        return self._tracer.start_span(*args, **kwargs)
+
+    def start_as_current_span(self, *args, **kwargs):
+        return self._tracer.start_as_current_span(*args, **kwargs)
+
+
 def written_and_started(limits=None, processor=None):
     """The same span built by EndedSpans with its SpanWriter and through ``start_span``
     (the path of any other tracer), exported by ``processor`` (default: the SDK's
@@ -199,10 +221,9 @@ def written_and_started(limits=None, processor=None):
         provider = TracerProvider(span_limits=limits or SpanLimits())
         provider.add_span_processor((processor or SimpleSpanProcessor)(exporter))
         emitter = SpanEmitter("test-written")
-        spans = EndedSpans(provider.get_tracer("test", "1.0"), emitter, limit=64)
-        assert (spans._writer is not None) is True
-        if not direct:
-            spans._writer = None
+        tracer = provider.get_tracer("test", "1.0")
+        spans = EndedSpans(tracer if direct else AnotherTracer(tracer), emitter, limit=64)
+        assert spans.direct is direct
         current = DeferredSpan(PARENT)
         current.set_attribute("user.rows", 3)
         current.set_attributes({"user.list": [1, 2], "user.bad": object()})

@@ -11,6 +11,8 @@ from _pytest.logging import LogCaptureHandler
 from conftest import flush_emitters, in_process_cluster, instrumented
 from distributed import Client, LocalCluster
 from opentelemetry import trace
+from opentelemetry.instrumentation.logging.handler import LoggingHandler
+from opentelemetry.sdk._logs import LoggerProvider
 
 from dask_otel.signals import logs
 
@@ -88,18 +90,28 @@ def test_a_record_that_cannot_be_formatted_fails_no_task(
 
 
 def test_uninstall_puts_back_what_another_library_wrapped():
-    handler = logging.StreamHandler()
+    """dask-otel wraps the methods of other OpenTelemetry handlers it finds (the logging
+    instrumentation's, on the root), and puts back what each handler object had."""
+    handler, plain = LoggingHandler(), LoggingHandler()
     seen = []
     handler.emit = seen.append  # another library's wrapper, on this handler object
-    logs._guard_emit(handler)
-    handler.emit(logging.makeLogRecord({"msg": "through both"}))
-    assert handler.emit is not seen.append and len(seen) == 1
-    logs._unwrap(handler)
-    assert handler.emit == seen.append
-    plain = logging.StreamHandler()
-    logs._guard_emit(plain)
-    logs._unwrap(plain)
-    assert "emit" not in vars(plain)  # the class's method again
+    root, other = logging.getLogger(), logging.getLogger("test.other")
+    root.addHandler(handler)
+    other.addHandler(plain)
+    provider = LoggerProvider()
+    try:
+        logs.install(provider, ("test.other",), logging.INFO)
+        handler.emit(logging.makeLogRecord({"msg": "through both"}))
+        assert handler.emit is not seen.append and len(seen) == 1
+        assert "emit" in vars(plain) and "_translate" in vars(plain)
+        logs.uninstall()
+        assert handler.emit == seen.append
+        assert "emit" not in vars(plain) and "_translate" not in vars(plain)  # the class's
+    finally:
+        logs.uninstall()
+        root.removeHandler(handler)
+        other.removeHandler(plain)
+        provider.shutdown()
 
 
 def test_the_filter_keeps_no_record_alive():

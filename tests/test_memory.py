@@ -3,6 +3,7 @@ measures the bytes; this checks the state, without timing anything)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from conftest import flush_emitters, in_process_cluster
@@ -21,22 +22,14 @@ def boom(x: int) -> int:
     raise ValueError(x)
 
 
-def plugin_state(dask_scheduler) -> dict[str, int]:
+async def plugin_state(dask_scheduler) -> dict[str, int]:
     plugin = dask_scheduler.plugins["dask-otel"]
+    await asyncio.sleep(0)  # the event of this very call, noted just before it, leaves
+    assert await asyncio.to_thread(plugin.flush, 10)  # and is exported
     return {
         "tasks on the scheduler": len(dask_scheduler.tasks),
-        "records": len(plugin._tasks),
-        "graphs": len(plugin._graphs),
-        # Not the export of this very call's own event (submitted while it is made).
-        "emitter backlog": sum(
-            1 for emit, *_ in plugin._emitter._pending if emit != plugin._events.emit
-        ),
-        # Not the event of this very call (logged just before it runs, exported next).
-        "pending events": sum(
-            1
-            for _, msg, _ in plugin._events._pending
-            if not (isinstance(msg, dict) and msg.get("action") == "run-function")
-        ),
+        **plugin.held(),
+        "emitter backlog": len(plugin._emitter._pending),
     }
 
 

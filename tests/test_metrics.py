@@ -115,12 +115,7 @@ def _observed(dask_worker) -> tuple[list[str], dict[str, int]]:
     """What this worker's process reports metrics of, and the clusters its records name."""
     from dask_otel.signals import logs, metrics
 
-    observers = [
-        observe.__name__
-        for found in list(metrics._sources.values())
-        for _, observe, _ in found._servers.values()
-    ]
-    return observers, dict(logs._clusters)
+    return metrics.observed(), logs.clusters()
 
 
 def test_a_forked_worker_reports_no_copy_of_its_parents_scheduler(telemetry):
@@ -137,4 +132,4 @@ def test_a_forked_worker_reports_no_copy_of_its_parents_scheduler(telemetry):
         while not (seen := next(iter(client.run(_observed).values())))[1]:
             assert time.monotonic() < deadline, seen
             time.sleep(0.05)
-    assert seen == (["_observe_worker"], {cluster_id: 1})
+    assert seen == (["worker"], {cluster_id: 1})

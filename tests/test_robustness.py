@@ -23,8 +23,8 @@ def inc(x: int) -> int:
 
 
 def plugin_state(dask_scheduler) -> tuple[int, int]:
-    plugin = dask_scheduler.plugins["dask-otel"]
-    return len(plugin._tasks), len(plugin._graphs)
+    held = dask_scheduler.plugins["dask-otel"].held()
+    return held["records"], held["graphs"]
 
 
 def test_scattered_data_is_not_recorded_and_graphs_end(telemetry):

@@ -30,7 +30,8 @@ def test_every_binding_of_send_recv_is_patched_and_restored(telemetry):
             assert module.send_recv is rpc.send_recv
     dask_otel.DaskInstrumentor().uninstrument()
     for module in (core, worker, scheduler):
-        assert module.send_recv is rpc._original_send_recv
+        assert module.send_recv is core.send_recv
+    assert (core.send_recv.__module__, core.send_recv.__name__) == ("distributed.core", "send_recv")
 
 
 def test_requests_under_a_user_span_nest_beneath_it(telemetry):

@@ -688,6 +688,24 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
             **({"dask.task.workers": workers} if workers else {}),
         )
 
+    # -- inspection (tests, benchmarks) ------------------------------------------------------
+
+    @property
+    def settings(self) -> Settings | None:
+        """The settings this plugin runs with; None before it starts or when it is off."""
+        return getattr(self, "_settings", None)
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until every span and event recorded so far was emitted (the emitter is
+        the process's: the spans of in-process workers too); False on timeout."""
+        return self._emitter is None or self._emitter.flush(timeout)
+
+    def held(self) -> dict[str, int]:
+        """What this plugin holds for work in progress: none once computations are over
+        and their futures released."""
+        noted = len(self._events) if self._emitter is not None else 0
+        return {"records": len(self._tasks), "graphs": len(self._graphs), "events": noted}
+
     # -- shutdown ---------------------------------------------------------------------------
 
     async def close(self) -> None:

@@ -599,6 +599,11 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
         logs.add_worker(worker.address)
         self._identity = asyncio.create_task(self._tracer.fetch_cluster_id())
 
+    def flush(self, timeout: float) -> bool:
+        """Wait until every span this plugin recorded so far was emitted (tests and
+        benchmarks); False on timeout."""
+        return self._tracer is None or self._tracer.spans.emitter.flush(timeout)
+
     async def teardown(self, worker: Worker) -> None:
         if self._tracer is None:
             return

@@ -60,6 +60,10 @@ class EventRecorder:
         self._pending.append(([topic], msg, time_ns()))
         return len(self._pending) == 1
 
+    def __len__(self) -> int:
+        """How many events were noted and not yet taken for export."""
+        return len(self._pending)
+
     def take(self) -> list[tuple[list[str], Any, int]]:
         """Every event noted since the last call."""
         pending, self._pending = self._pending, []

@@ -67,6 +67,11 @@ def remove_cluster(cluster_id: str) -> None:
     _name_cluster()
 
 
+def clusters() -> dict[str, int]:
+    """The clusters whose schedulers and workers run in this process, with how many."""
+    return dict(_clusters)
+
+
 def _after_fork_in_child() -> None:
     """A forked child hosts none of its parent's schedulers and workers."""
     _clusters.clear()

@@ -355,3 +355,15 @@ def observe_worker(
 
 def forget(meter_provider: metrics.MeterProvider, server: Any) -> None:
     sources(meter_provider).remove(server)
+
+
+def observed() -> list[str]:
+    """What this process reports metrics of: ``scheduler`` or ``worker``, per server."""
+    roles = {_observe_scheduler: "scheduler", _observe_worker: "worker"}
+    with _sources_lock:
+        found = list(_sources.values())
+    observers = []
+    for source in found:
+        with source._lock:
+            observers += [roles[observe] for _, observe, _ in source._servers.values()]
+    return observers

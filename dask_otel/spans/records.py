@@ -165,6 +165,12 @@ class EndedSpans:
         self.emitter = emitter
         self._limit = limit
 
+    @property
+    def direct(self) -> bool:
+        """Whether spans are written as the SDK's queued tuples (an SDK tracer) rather
+        than started through the API (any other tracer)."""
+        return self._writer is not None
+
     def submit(self, *span: Any) -> None:
         """:meth:`build` ``span`` in the emitter's thread, after what was submitted before.
         Its error is reduced to text here: it holds the frames of the work that failed."""
