@@ -247,15 +247,24 @@ def scheduler_address(path: Path, procs: Processes, timeout: float = 60) -> str:
             time.sleep(0.1)
 
 
+#: Command-line options of a Dask server that loads dask-otel by Dask's own mechanism.
+PRELOAD = ("--preload", "dask_otel")
+
+
 def start_scheduler(
-    procs: Processes, env: dict[str, str], instrumented: bool = True, name: str = "scheduler"
+    procs: Processes,
+    env: dict[str, str],
+    instrumented: bool = True,
+    name: str = "scheduler",
+    options: tuple[str, ...] = (),
 ) -> str:
     """A ``dask scheduler`` process on 127.0.0.1 (under ``opentelemetry-instrument`` when
-    ``instrumented``); returns its address once it is up."""
+    ``instrumented``), with more command-line ``options``; returns its address once it
+    is up."""
     scheduler_file = procs.tmp_path / f"{name}.json"
     command = [bin_path("dask"), "scheduler", "--host", "127.0.0.1", "--port", "0"]
     command += ["--no-dashboard", "--dashboard-address", "127.0.0.1:0"]  # HTTP routes stay
-    command += ["--scheduler-file", str(scheduler_file)]
+    command += ["--scheduler-file", str(scheduler_file), *options]
     if instrumented:
         command = [bin_path("opentelemetry-instrument"), *command]
     procs.start(command, env, name)
@@ -278,3 +287,62 @@ def start_worker(
     if instrumented:
         command = [bin_path("opentelemetry-instrument"), *command]
     return procs.start(command, env, name)
+
+
+OTEL = bin_path("opentelemetry-instrument")
+
+
+def start_cluster(processes, env, worker_commands):
+    """A ``dask-scheduler`` process and one worker per command of ``worker_commands``
+    (``[bin_path("dask-worker")]``, say), all under ``opentelemetry-instrument``; the
+    scheduler's address once it is up."""
+    scheduler_file = processes.tmp_path / "scheduler.json"
+    processes.start(
+        [
+            OTEL,
+            bin_path("dask-scheduler"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--no-dashboard",
+            "--scheduler-file",
+            str(scheduler_file),
+        ],
+        env,
+        "scheduler",
+    )
+    wait_for_file(scheduler_file, processes)
+    for i, command in enumerate(worker_commands):
+        processes.start(
+            [
+                OTEL,
+                *command,
+                "--scheduler-file",
+                str(scheduler_file),
+                "--host",
+                "127.0.0.1",
+                "--nthreads",
+                "1",
+                "--no-dashboard",
+                "--name",
+                f"w{i}",
+            ],
+            env,
+            f"worker{i}",
+        )
+    return scheduler_address(scheduler_file, processes)
+
+
+def run_client(processes, env, address, *args, script="workload.py"):
+    """Run a client script of tests/scripts under opentelemetry-instrument: (JSON, stderr)."""
+    out = subprocess.run(
+        [OTEL, sys.executable, str(HERE / "scripts" / script), address, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=processes.tmp_path,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr + processes.logs()
+    return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr

@@ -16,7 +16,7 @@ import pytest
 from conftest import flush_emitters, in_process_cluster
 from distributed import Client, Event, LocalCluster, Scheduler, Worker, wait
 from distributed.utils_test import BlockedGetData
-from test_tracing import assert_no_orphans
+from span_checks import assert_no_orphans
 
 
 def inc(x: int) -> int:
@@ -47,7 +47,7 @@ def test_a_fetch_cancelled_by_its_worker_closing_emits_its_transfer_span(telemet
                 sender.block_get_data.set()
                 assert await y == 3
                 # One emitter builds the spans of every server in this process.
-                assert scheduler.plugins["dask-otel"]._emitter.flush(10)
+                assert scheduler.plugins["dask-otel"].flush(10)
 
     asyncio.run(asyncio.wait_for(main(), 60))
     spans = telemetry.spans()

@@ -8,8 +8,7 @@ cluster idle for 10 seconds, then multiplies an array across both workers and pe
 
 from __future__ import annotations
 
-from conftest import bin_path, otel_env
-from test_e2e_opentelemetry_instrument import run_client, start_cluster
+from conftest import bin_path, otel_env, run_client, start_cluster
 from traces import by_trace, orphans
 
 IDLE = "10"  # seconds

@@ -6,68 +6,9 @@ installed on top of the SDK.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
-from conftest import HERE, bin_path, otel_env, scheduler_address, wait_for_file
+from conftest import bin_path, otel_env, run_client, start_cluster
 from traces import check_workload_telemetry, services
-
-OTEL = bin_path("opentelemetry-instrument")
-
-
-def start_cluster(processes, env, worker_commands):
-    scheduler_file = processes.tmp_path / "scheduler.json"
-    processes.start(
-        [
-            OTEL,
-            bin_path("dask-scheduler"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--no-dashboard",
-            "--scheduler-file",
-            str(scheduler_file),
-        ],
-        env,
-        "scheduler",
-    )
-    wait_for_file(scheduler_file, processes)
-    for i, command in enumerate(worker_commands):
-        processes.start(
-            [
-                OTEL,
-                *command,
-                "--scheduler-file",
-                str(scheduler_file),
-                "--host",
-                "127.0.0.1",
-                "--nthreads",
-                "1",
-                "--no-dashboard",
-                "--name",
-                f"w{i}",
-            ],
-            env,
-            f"worker{i}",
-        )
-    return scheduler_address(scheduler_file, processes)
-
-
-def run_client(processes, env, address, *args, script="workload.py"):
-    """Run a client script of tests/scripts under opentelemetry-instrument: (JSON, stderr)."""
-    out = subprocess.run(
-        [OTEL, sys.executable, str(HERE / "scripts" / script), address, *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=processes.tmp_path,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr + processes.logs()
-    return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
 
 
 @pytest.mark.parametrize("method", ["spawn", "fork", "forkserver"])

@@ -9,26 +9,17 @@ import json
 import subprocess
 import sys
 
-from conftest import HERE, bin_path, otel_env, scheduler_address, wait_for_file
+from conftest import HERE, PRELOAD, otel_env, start_scheduler, start_worker
 from traces import check_workload_telemetry
 
 
 def test_preload_scheduler_and_workers(receiver, processes):
     env = otel_env(receiver)
-    scheduler_file = processes.tmp_path / "scheduler.json"
-    dask = bin_path("dask")
-    processes.start(
-        [dask, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-         "--scheduler-file", str(scheduler_file), "--preload", "dask_otel"],
-        env, "scheduler",
-    )  # fmt: skip
-    wait_for_file(scheduler_file, processes)
-    common = ["--scheduler-file", str(scheduler_file), "--host", "127.0.0.1",
-              "--nthreads", "1", "--no-dashboard"]  # fmt: skip
+    address = start_scheduler(processes, env, instrumented=False, options=PRELOAD)
     # One worker preloads in the worker process, the other in its Nanny.
-    processes.start([dask, "worker", *common, "--preload", "dask_otel"], env, "worker0")
-    processes.start([dask, "worker", *common, "--preload-nanny", "dask_otel"], env, "worker1")
-    address = scheduler_address(scheduler_file, processes)
+    start_worker(processes, env, address, "worker0", instrumented=False, options=PRELOAD)
+    nanny_preload = ("--preload-nanny", "dask_otel")
+    start_worker(processes, env, address, "worker1", instrumented=False, options=nanny_preload)
     check_scheduler_rooted(receiver, run_workload(address, env, processes.tmp_path))
     # The Nanny that preloads dask_otel exports its own records, named as a Nanny.
     nanny = receiver.wait_for(

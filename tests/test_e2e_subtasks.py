@@ -4,14 +4,21 @@ that submitted them, so ``fib(N)`` is one trace."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
 import pytest
-from conftest import HERE, bin_path, in_process_cluster, otel_env, wait_for_file
+from conftest import (
+    HERE,
+    PRELOAD,
+    bin_path,
+    in_process_cluster,
+    otel_env,
+    start_cluster,
+    start_scheduler,
+    start_worker,
+)
 from distributed import Client
-from test_e2e_opentelemetry_instrument import start_cluster
 from traces import by_trace, orphans
 
 import dask_otel
@@ -63,21 +70,10 @@ def test_opentelemetry_instrument(receiver, processes):
 
 def test_preload(receiver, processes):
     env = otel_env(receiver)
-    scheduler_file = processes.tmp_path / "scheduler.json"
-    dask = bin_path("dask")
-    processes.start(
-        [dask, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-         "--scheduler-file", str(scheduler_file), "--preload", "dask_otel"],
-        env, "scheduler",
-    )  # fmt: skip
-    wait_for_file(scheduler_file, processes)
+    address = start_scheduler(processes, env, instrumented=False, options=PRELOAD)
     for i in range(2):
-        processes.start(
-            [dask, "worker", "--scheduler-file", str(scheduler_file), "--host", "127.0.0.1",
-             "--nthreads", "1", "--no-dashboard", "--preload", "dask_otel"],
-            env, f"worker{i}",
-        )  # fmt: skip
-    run_fib(env, processes.tmp_path, json.loads(scheduler_file.read_text())["address"])
+        start_worker(processes, env, address, f"worker{i}", instrumented=False, options=PRELOAD)
+    run_fib(env, processes.tmp_path, address)
     check_one_trace(receiver)
 
 

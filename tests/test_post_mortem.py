@@ -26,12 +26,12 @@ from conftest import (
     flush_emitters,
     in_process_cluster,
     otel_env,
+    run_client,
     start_scheduler,
     start_worker,
 )
 from distributed.scheduler import KilledWorker
 from opentelemetry.trace import StatusCode
-from test_e2e_opentelemetry_instrument import run_client
 from test_flight import run_child
 
 import dask_otel

@@ -12,7 +12,7 @@ from conftest import flush_emitters, in_process_cluster
 from distributed import Event
 from distributed.scheduler import KilledWorker
 from opentelemetry.trace import StatusCode
-from test_tracing import assert_no_orphans, assert_task_ids_line_up
+from span_checks import assert_no_orphans, assert_task_ids_line_up
 
 from dask_otel.spans import ids
 

@@ -1,0 +1,65 @@
+"""Transfers between workers and the ``get_data`` requests that serve them, in the
+traces of the tasks they served."""
+
+from __future__ import annotations
+
+from conftest import flush_emitters
+from opentelemetry.trace import SpanKind
+from span_checks import cluster_and_client, inc, only
+
+# -- transfers ------------------------------------------------------------------------------
+
+
+def test_transfer_and_get_data_join_the_traces_of_their_tasks(telemetry):
+    with cluster_and_client() as (_, client):
+        a, b = sorted(client.scheduler_info()["workers"])
+        x = client.submit(inc, 1, workers=[a], key="x-1")
+        y = client.submit(inc, x, workers=[b], key="y-1")
+        assert y.result() == 3
+        flush_emitters(client)
+
+    spans = telemetry.spans()
+    task_x, task_y = only(spans, "task x"), only(spans, "task y")
+    transfer = only(spans, "transfer")
+    # x is sent to worker b; y's result to the client, also a get_data (in y's trace).
+    (get_data,) = [
+        s for s in spans if s.name == "get_data" and s.attributes["dask.worker.address"] == a
+    ]
+    # Fetching y's input on worker b: in y's trace, under y's task span.
+    assert transfer.parent.span_id == task_y.context.span_id
+    assert transfer.context.trace_id == task_y.context.trace_id
+    assert transfer.kind == SpanKind.CLIENT
+    assert transfer.attributes["dask.worker.address"] == b
+    assert transfer.attributes["dask.peer.address"] == a
+    assert transfer.attributes["dask.transfer.keys"] == 1
+    assert transfer.attributes["dask.transfer.outcome"] == "success"
+    # The request it made: a CLIENT span beneath it (the client's own gather is untraced).
+    request = only(spans, "rpc get_data")
+    assert request.parent.span_id == transfer.context.span_id
+    assert request.kind == SpanKind.CLIENT
+    assert request.attributes["server.address"] == a  # inproc://: no host and port
+    # Sending x from worker a: in x's trace, under x's task span.
+    assert get_data.parent.span_id == task_x.context.span_id
+    assert get_data.context.trace_id == task_x.context.trace_id
+    assert get_data.kind == SpanKind.SERVER
+    assert get_data.attributes["dask.worker.address"] == a
+    assert get_data.attributes["dask.transfer.bytes"] > 0
+
+
+def test_a_transfer_serving_one_task_links_to_nothing(telemetry):
+    """Both inputs of one task fetched together: the transfer's parent is that task, and
+    it links to no task twice (nor to its own parent)."""
+    with cluster_and_client() as (_, client):
+        a, b = sorted(client.scheduler_info()["workers"])
+        x1 = client.submit(inc, 1, workers=[a], key="x-1")
+        x2 = client.submit(inc, 2, workers=[a], key="x-2")
+        assert client.gather([x1, x2]) == [2, 3]
+        z = client.submit(sum, [x1, x2], workers=[b], key="z-1")
+        assert z.result() == 5
+        flush_emitters(client)
+
+    spans = telemetry.spans()
+    transfer = only(spans, "transfer")
+    assert transfer.attributes["dask.transfer.keys"] == 2
+    assert transfer.parent.span_id == only(spans, "task z").context.span_id
+    assert not transfer.links
