@@ -296,6 +296,23 @@ def test_a_restart_is_not_a_death(tmp_path, telemetry, monkeypatch):
     assert not [r for r in telemetry.logs() if r.event_name == "dask.worker.died"]
 
 
+async def block_event_loop(seconds: float) -> None:
+    """Run by ``client.run`` on the worker's event loop: it cannot close meanwhile."""
+    time.sleep(seconds)
+
+
+def test_a_worker_its_closing_nanny_must_kill_is_no_death(telemetry, monkeypatch):
+    """A Nanny that closes asks its worker to close and SIGKILLs it when it does not in
+    time (on a loaded machine, say): no death to explain."""
+    for name in ("TRACES", "METRICS", "LOGS"):  # worker processes export nowhere
+        monkeypatch.setenv(f"OTEL_{name}_EXPORTER", "none")
+    with in_process_cluster(n_workers=1, processes=True, host="127.0.0.1") as client:
+        client.run(block_event_loop, 60, wait=False)
+    assert emitter.shared().flush(10)
+    assert [r for r in telemetry.logs() if "still alive after" in str(r.body)]  # SIGKILLed
+    assert not [r for r in telemetry.logs() if r.event_name == "dask.worker.died"]
+
+
 def test_a_nanny_cleans_up_after_one_that_is_gone(tmp_path, telemetry, monkeypatch):
     """A Nanny and its worker both SIGKILLed leave a directory and a recorder: the next
     Nanny on the machine sends what the worker had queued, and removes them."""

@@ -237,6 +237,8 @@ class WorkerWatch:
 
     async def close(self) -> None:
         self._closed = True
+        if self.nanny.status.name == "closing":  # it kills its worker next, SIGKILL if slow
+            self._expected_pid = self.nanny.pid  # (None if the worker is dead already)
         self._callback.stop()
         if self._identity is not None:
             self._identity.cancel()
@@ -354,7 +356,9 @@ class WorkerWatch:
 
     def _examine_remains(self) -> None:
         """Export what recorders of dead worker processes still hold, and delete them."""
-        for path in _dead_recorders(self.folder, self.nanny.pid):
+        # Not the recorder of the worker watched: dead, maybe, but its exit not yet
+        # handled (the Nanny learns it from a thread, via the event loop).
+        for path in _dead_recorders(self.folder, self.nanny.pid, self.pid):
             emitter.shared().submit(self._recover, path)
 
     def _clean_up_after(self, folder: Path) -> None:
@@ -604,12 +608,12 @@ def _line(entry: tuple, limit: int) -> str:
     return ids.cap(f"{when} {severity or ''} {body}", limit)
 
 
-def _dead_recorders(folder: Path, running: int | None = None) -> list[Path]:
-    """The recorders in ``folder`` of worker processes that are gone (not ``running``)."""
+def _dead_recorders(folder: Path, *spared: int | None) -> list[Path]:
+    """The recorders in ``folder`` of worker processes that are gone (not ``spared``)."""
     return [
         path
         for pid, path in flight.recorders(folder)
-        if pid != running and not psutil.pid_exists(pid)
+        if pid not in spared and not psutil.pid_exists(pid)
     ]
 
 
