@@ -12,7 +12,6 @@ import time
 
 import dask
 import numpy as np
-import pytest
 from conftest import flush_emitters, in_process_cluster
 from distributed import Client, Event, LocalCluster, Scheduler, Worker, wait
 from distributed.utils_test import BlockedGetData
@@ -130,12 +129,13 @@ def slow(x: int, started: Event) -> int:
     return x + 1
 
 
-@pytest.mark.xfail(strict=True, reason="v2")
 def test_a_task_cancelled_while_running_then_resubmitted_has_one_span_per_id(telemetry):
     """Cancelled while running, the same key submitted again before it finished: the
-    worker resumes the running attempt (Dask's ``cancelled`` -> ``resumed``) and reports
-    it under the span id the scheduler already used for the cancelled task's span. Seen
-    under ``cluster.scale`` churn above (1 run in 4)."""
+    worker resumes the running attempt (Dask's ``cancelled`` -> ``executing``) and
+    reports its result, which the scheduler turns down as a stale run (``processing`` ->
+    ``released``, stimulus ``task-finished``) and has computed again. The worker emitted
+    the stale run's ``task`` span; the scheduler must not emit one with the same id as
+    if the task had been cancelled. Seen under ``cluster.scale`` churn above (1 run in 4)."""
     with in_process_cluster(n_workers=1) as client:
         started = Event()
         first = client.submit(slow, 1, started, key="k")
@@ -145,3 +145,6 @@ def test_a_task_cancelled_while_running_then_resubmitted_has_one_span_per_id(tel
         assert client.submit(slow, 1, started, key="k").result() == 2
         flush_emitters(client)
     assert_no_orphans(telemetry.spans())
+    # The first graph's task was cancelled; the second's stale run was not.
+    states = [s.attributes.get("dask.task.state") for s in telemetry.spans("task k")]
+    assert states.count("cancelled") == 1

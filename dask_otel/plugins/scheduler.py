@@ -52,6 +52,10 @@ WITHOUT_RESULT = frozenset({"processing", "waiting", "queued", "no-worker"})
 #: Stimuli of a task leaving ``processing`` whose attempt its worker reports itself (a
 #: failure, or ``Reschedule`` raised by the task): anything else is a cancellation.
 REPORTED_BY_WORKER = ("task-erred", "reschedule")
+#: Stimulus of a task leaving ``processing`` because Dask turned down the result its
+#: worker reported: a stale run (cancelled while running, asked for again, resumed by
+#: the worker), which Dask computes again. The worker emitted that run's ``task`` span.
+STALE_RESULT = "task-finished"
 
 
 class _Graph:
@@ -478,6 +482,8 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
             # A failed or rescheduled attempt, which its worker reports under the span of
             # the next generation; a retry of a thinned task is traced from now on.
             self._next_generation(ts, traced=True)
+        elif start == "processing" and (stimulus_id or "").startswith(STALE_RESULT):
+            self._next_generation(ts)  # the run Dask asks for now: a span id of its own
         elif start == "processing" or carrier.generation:
             # Cancelled while running, or after attempts that were reported: the span
             # they are parented to. A thinned task running had nothing reported.
