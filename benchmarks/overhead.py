@@ -20,9 +20,9 @@ instrumented rounds alternate which goes first. Workloads:
   transfers), then 128 MB persisted on workers whose spill target is 36 MB each and
   summed (spilling and reading back).
 
-    python benchmarks/overhead.py --tasks 20000 --rounds 7
-    python benchmarks/overhead.py --workload graph --tasks 4000 --rounds 7
-    python benchmarks/overhead.py --workload movement --rounds 7
+    python benchmarks/overhead.py --tasks 20000 --rounds 7 --export otlp
+    python benchmarks/overhead.py --workload graph --tasks 4000 --rounds 7 --export otlp
+    python benchmarks/overhead.py --workload movement --rounds 15 --export otlp
     python benchmarks/overhead.py --tasks 20000 --rounds 3 --processor dask-otel --processor sdk
     python benchmarks/overhead.py --workload graph --tasks 4000 --rounds 7 --processes
     python benchmarks/overhead.py --workload graph --tasks 4000 --rounds 7 \
