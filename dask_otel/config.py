@@ -22,6 +22,8 @@ from dask.utils import format_bytes, parse_bytes, parse_timedelta
 #: Smallest flight recorder (``otel.nanny.flight-recorder``): room for its slots and
 #: 64 kiB of rings.
 FLIGHT_RECORDER_MIN_SIZE = 512 * 1024
+#: Least ``otel.max-queue-memory`` but 0 (no bound in bytes): a few dozen spans.
+QUEUE_MEMORY_MIN_SIZE = 64 * 1024
 _DEFAULTS_PATH = pathlib.Path(__file__).with_name("otel.yaml")
 with _DEFAULTS_PATH.open() as _f:
     #: dask-otel's defaults: also the list of the keys there are.
@@ -62,6 +64,7 @@ class Settings:
     include_prefixes: frozenset[str]
     exclude_prefixes: frozenset[str]
     flush_timeout: float
+    max_queue_memory: int
     logs_enabled: bool
     logs_level: int
     logs_loggers: tuple[str, ...]
@@ -229,6 +232,7 @@ _READERS: dict[str, Callable[[], object]] = {
     "include_prefixes": lambda: frozenset(_names("task.include-prefixes")),
     "exclude_prefixes": lambda: frozenset(_names("task.exclude-prefixes")),
     "flush_timeout": lambda: _seconds("flush-timeout"),
+    "max_queue_memory": lambda: _bytes("max-queue-memory", QUEUE_MEMORY_MIN_SIZE),
     "logs_enabled": lambda: _bool("logs.enabled"),
     "logs_level": lambda: _level("logs.level"),
     "logs_loggers": lambda: _names("logs.loggers"),

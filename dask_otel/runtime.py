@@ -8,9 +8,11 @@ providers itself: it asks this module when it starts. The providers handed to
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,37 +60,152 @@ def is_configured() -> bool:
     )
 
 
-#: Whether the last bounded flush in this process gave up (collector down or stalled).
-_gave_up = False
+#: A flush stops waiting once no export of dask-otel's has succeeded for this many
+#: seconds (a collector that is down or hung: its exporter retries for up to 10 s a batch);
+#: for :data:`SLOW` seconds when the collector's last answer was a success (a large request
+#: on a loaded machine is slow, not hung), for :data:`GRACE` seconds when it was a failure
+#: (a new export gets through in milliseconds if the collector is back); and at once while
+#: an export has been under way for longer than that (nothing else gets through before it
+#: ends).
+STALL = 0.5
+SLOW = 2.0
+GRACE = 0.1
+#: A Nanny asks its worker to close and kills it 4 s later (0.8 x the 5 s timeout of
+#: ``Nanny.close``, ``Nanny.kill`` and ``Nanny.restart`` in distributed): a worker under
+#: a Nanny flushes at most this long when it closes, and its exit waits at most
+#: :data:`NANNY_EXIT` more, well within that grace.
+NANNY_FLUSH = 1.5
+NANNY_EXIT = 0.5
+
+
+class ExportHealth:
+    """What dask-otel's export queues last saw of the collector.
+
+    Flushes ask it whether to keep waiting: a collector that takes batches keeps a flush
+    going (up to its timeout); one that has answered nothing for a while is down or hung,
+    and waiting longer would only delay a close or an exit.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        #: Whether dask-otel's queues export in this process (else there is nothing to go by).
+        self.watched = False
+        #: When each export under way started (monotonic), by exporting thread.
+        self._running: dict[int, float] = {}
+        #: When an export last succeeded; when one last failed or a flush gave up (0: never).
+        self.last_success = 0.0
+        self.last_failure = 0.0
+
+    def started(self) -> None:
+        with self._lock:
+            self._running[threading.get_ident()] = time.monotonic()
+
+    def progress(self) -> None:
+        """A request of the export under way in this thread went through (a batch may take
+        several)."""
+        with self._lock:
+            now = self.last_success = time.monotonic()
+            if threading.get_ident() in self._running:
+                self._running[threading.get_ident()] = now
+
+    def finished(self, ok: bool) -> None:
+        with self._lock:
+            self._running.pop(threading.get_ident(), None)
+            if ok:
+                self.last_success = time.monotonic()
+            else:
+                self.last_failure = time.monotonic()
+
+    def gave_up(self) -> None:
+        """A flush stopped waiting: the collector is taken for down until an export succeeds."""
+        self.last_failure = time.monotonic()
+
+    def _limit(self) -> float:
+        """How long the collector may stay silent: :data:`SLOW` if it last answered with
+        a success, else :data:`STALL`."""
+        return SLOW if self.last_success > self.last_failure else STALL
+
+    def stuck(self) -> bool:
+        """Whether an export has been under way with no answer for longer than the
+        collector may stay silent (retrying, or waiting for an answer that does not come)."""
+        with self._lock:
+            oldest = min(self._running.values(), default=None)
+        return oldest is not None and time.monotonic() - oldest > self._limit()
+
+    def failing(self) -> bool:
+        """Whether the collector is down or hung, as far as the exports tell."""
+        return self.stuck() or self.last_failure > self.last_success
+
+    def give_up_at(self, since: float, patience: float) -> float:
+        """When a wait that began at ``since`` should stop, no export having succeeded
+        for ``patience`` seconds (infinity when dask-otel does not export here)."""
+        if not self.watched:
+            return float("inf")
+        return max(since, self.last_success) + patience
+
+    def forget_parent(self) -> None:
+        """In a forked child: the parent's exports under way are not this process's."""
+        self._lock = threading.Lock()
+        self._running = {}
+
+    def patience(self) -> float:
+        """How long a wait beginning now goes on without an export succeeding."""
+        if self.stuck():
+            return 0.0
+        return GRACE if self.last_failure > self.last_success else self._limit()
+
+
+#: The one per process (a forked child inherits what its parent saw of the collector).
+health = ExportHealth()
+
+
+def _after_fork_in_child() -> None:
+    health.forget_parent()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+#: Longest the exit of this process waits for its telemetry when less than
+#: ``otel.flush-timeout``: a Nanny's worker, once it closed (:data:`NANNY_EXIT`).
+exit_limit: float | None = None
+
+
+def closing_under_nanny(flush_timeout: float) -> float:
+    """How long a closing worker under a Nanny may flush; its exit then waits at most
+    :data:`NANNY_EXIT`, so that its Nanny never kills it for dask-otel's sake."""
+    global exit_limit
+    exit_limit = NANNY_EXIT
+    return min(flush_timeout, NANNY_FLUSH)
 
 
 def flush(providers: Providers, timeout: float) -> bool:
-    """Export what the providers hold, waiting at most ``timeout`` seconds in all.
+    """Export what the providers hold, waiting at most ``timeout`` seconds in all, and no
+    longer than the collector keeps taking batches (see :class:`ExportHealth`).
 
     The SDK's ``force_flush`` can outlast its own timeout against a stalled collector
     (the exporter's retries run to completion), so each provider flushes in a daemon
     thread and the caller stops waiting at the deadline. True if all finished in time.
     """
-    global _gave_up
-    done = _bounded("force_flush", providers, timeout, {"timeout_millis": int(timeout * 1000)})
-    _gave_up = not done
-    return done
+    return _bounded("force_flush", providers, timeout, {"timeout_millis": int(timeout * 1000)})
 
 
 def shutdown(providers: Providers, timeout: float) -> bool:
-    """Shut the providers down (a last export), waiting at most ``timeout`` seconds.
+    """Shut the providers down (a last export), waiting as :func:`flush` does.
 
     The SDK's own shutdown joins each batch processor for up to 30 s while its exporter
     retries against an unreachable collector; here the caller stops waiting at the
-    deadline and leaves the rest to daemon threads. When the last flush already gave up,
-    only a short grace is spent: the collector is most likely still gone.
+    deadline, or once the collector has answered nothing for a moment, and leaves the
+    rest to daemon threads.
     """
-    return _bounded("shutdown", providers, min(timeout, 1.0) if _gave_up else timeout, {})
+    return _bounded("shutdown", providers, timeout, {})
 
 
 def _bounded(method: str, providers: Providers, timeout: float, kwargs: dict[str, Any]) -> bool:
-    """Call ``method`` of every provider in daemon threads; wait at most ``timeout``."""
-    deadline = time.monotonic() + timeout
+    """Call ``method`` of every provider in daemon threads; wait at most ``timeout``, and
+    no longer than :data:`health` allows."""
+    started = time.monotonic()
+    deadline = started + timeout
+    patience = health.patience()
     threads = []
     for provider in (
         providers.tracer_provider,
@@ -98,16 +215,32 @@ def _bounded(method: str, providers: Providers, timeout: float, kwargs: dict[str
         call = getattr(provider, method, None)
         if call is not None:
             thread = threading.Thread(
-                target=call,
-                kwargs=kwargs,
+                target=_quietly,
+                args=(call, kwargs),
                 name=f"dask-otel-{method.replace('_', '-')}",
                 daemon=True,
             )
             thread.start()
             threads.append(thread)
     for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
-    return not any(thread.is_alive() for thread in threads)
+        while thread.is_alive():
+            stop = min(deadline, health.give_up_at(started, patience))
+            now = time.monotonic()
+            if now >= stop:
+                health.gave_up()
+                return False
+            thread.join(min(stop - now, 0.05))
+    return True
+
+
+def _quietly(call: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+    """``call(**kwargs)``; what it raises is logged at debug level, never printed: the SDK's
+    ``MeterProvider.force_flush`` raises when a collection outlasts its timeout (a loaded
+    machine), and a thread's exception would reach stderr as a traceback."""
+    try:
+        call(**kwargs)
+    except Exception:
+        logging.getLogger(__name__).debug("dask-otel: %r failed", call, exc_info=True)
 
 
 # -- said once ------------------------------------------------------------------------
@@ -144,3 +277,18 @@ def say_once(message: str) -> None:
             sys.stderr.flush()
         except (OSError, ValueError, AttributeError):  # no stderr, or a closed one
             pass
+
+
+def start_daemon(
+    logger: logging.Logger, target: Callable[[], None], name: str, purpose: str
+) -> threading.Thread | None:
+    """Run ``target`` in a new daemon thread called ``name``; None if the interpreter
+    cannot start one (out of threads: said once, naming its ``purpose``), for the caller
+    to try again later."""
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    try:
+        thread.start()
+    except RuntimeError as e:
+        report_once(logger, f"thread {name}", "dask-otel: no thread for %s: %r", purpose, e)
+        return None
+    return thread

@@ -17,8 +17,9 @@ import threading
 import time
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent import futures
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar, Literal, TypedDict, TypeVar
 
@@ -32,6 +33,8 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 __all__ = [
+    "UNANSWERED",
+    "HungCollector",
     "LogRecordData",
     "MetricPointData",
     "OTLPReceiver",
@@ -40,6 +43,7 @@ __all__ = [
     "any_value_to_python",
     "attributes_to_dict",
     "closed_port",
+    "unanswered",
 ]
 
 Signal = Literal["traces", "metrics", "logs"]
@@ -683,6 +687,51 @@ class CountingReceiver(OTLPReceiver):
                 "seconds": (last - first) if first is not None and last is not None else 0.0,
                 "idle": (time.monotonic() - last) if last is not None else None,
             }
+
+
+class HungCollector(OTLPReceiver):
+    """A hung collector that speaks OTLP (gRPC and HTTP): it takes every export request
+    and never answers, until it is stopped.
+
+    Unlike :class:`StalledCollector`, the gRPC handshake succeeds: an exporter's request is
+    on its way and only its own deadline ends the wait.
+    """
+
+    def __init__(self, grpc_port: int = 0, http_port: int = 0) -> None:
+        super().__init__(grpc_port, http_port)
+        self._release = threading.Event()
+        #: Export requests taken so far (each left unanswered).
+        self.calls = 0
+
+    def _ingest(self, transport: Transport, signal: Signal, request: Any) -> Message:
+        with self._lock:
+            self.calls += 1
+        self._release.wait()
+        return _MESSAGES[signal][1]()
+
+    def stop(self) -> None:
+        self._release.set()  # lets the server's threads go, so that it can stop
+        super().stop()
+
+
+#: The collectors that never answer, by name: see :func:`unanswered`.
+UNANSWERED = ("down", "hung TCP", "hung gRPC")
+
+
+@contextmanager
+def unanswered(kind: str) -> Iterator[str]:
+    """The OTLP/gRPC endpoint of a collector that never answers: ``down`` (a closed port),
+    ``hung TCP`` (a :class:`StalledCollector`) or ``hung gRPC`` (a :class:`HungCollector`)."""
+    if kind == "down":
+        yield f"http://127.0.0.1:{closed_port()}"
+    elif kind == "hung TCP":
+        with StalledCollector() as stalled:
+            yield stalled.endpoint
+    elif kind == "hung gRPC":
+        with HungCollector() as hung:
+            yield hung.grpc_endpoint
+    else:
+        raise ValueError(f"unknown collector fault {kind!r}; one of {UNANSWERED}")
 
 
 def serve_counting() -> None:

@@ -98,7 +98,7 @@ def closed_port() -> int:
 
 
 DASK_RUN = """
-import json, logging
+import json, logging, time
 from opentelemetry import _logs, metrics, trace
 from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.sdk._logs import LogRecordProcessor
@@ -137,9 +137,18 @@ with LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
                   dashboard_address=":0") as cluster, Client(cluster) as client:
     assert client.gather(client.map(abs, range(-20, 0))) == list(range(20, 0, -1))
     logging.getLogger("user").warning("a log record")
-for _ in range(3):  # the losses' own warning is a log record, lost in turn
+# A flush stops waiting for a collector that does not answer: each failed batch is counted
+# when its exporter gives up (the losses' own warning is a log record, lost in turn).
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
     trace.get_tracer_provider().force_flush()
     _logs.get_logger_provider().force_flush()
+    lost = sdk.dropped()
+    if (lost.get(("traces", "export_failed")), lost.get(("logs", "export_failed"))) == (
+        Ended.count, Emitted.count
+    ):
+        break
+    time.sleep(0.2)
 metrics.get_meter_provider().force_flush()
 print(json.dumps({
     "spans": Ended.count,

@@ -56,19 +56,25 @@ CHILD = textwrap.dedent(
             trace.get_tracer_provider().force_flush()
     for i in range(records):
         logging.getLogger("child").warning("record %d", i)
-    # What the span queue holds as the process dies: the export thread pops under this
-    # lock, and finishes counting an export before it lets go.
-    batch = sdk._queues[0]._batch_processor
-    batch._export_lock.acquire()
-    queued = [values[0] for values in reversed(batch._queue)]
+    # What the span queue holds as the process dies, taken under the queue's lock while no
+    # export is under way (its batch, out of the queue, is not exported yet).
+    queue = sdk._queues[0].export_queue
+    while True:
+        queue._lock.acquire()
+        if not queue._in_flight:
+            break
+        queue._lock.release()
+    queued = [values[0] for values in queue._items]
     print("QUEUED", *queued, sep="|", file=sys.stderr, flush=True)
+    print("DROPPED", sdk.dropped().get(("traces", "queue_full"), 0), file=sys.stderr, flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
     """
 )
 
 
 def run_child(tmp_path, spans=0, flushed=0, records=0, **env):
-    """(what the recorder held, what the span queue held, what was exported)."""
+    """(what the recorder held, what the span queue held, what was exported, how many
+    spans the full queue dropped)."""
     path = tmp_path / "{pid}.flight"
     environ = {
         **{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
@@ -83,9 +89,10 @@ def run_child(tmp_path, spans=0, flushed=0, records=0, **env):
     out = subprocess.run(args, env=environ, capture_output=True, text=True, timeout=60)
     assert out.returncode == -signal.SIGKILL, out.stderr
     (line,) = [line for line in out.stderr.splitlines() if line.startswith("QUEUED")]
+    (dropped,) = [line for line in out.stderr.splitlines() if line.startswith("DROPPED")]
     exported = re.findall(r'"name": "(span \d+)"', out.stdout)  # the console exporter's
     (path,) = tmp_path.glob("*.flight")
-    return flight.read(path), line.split("|")[1:], exported
+    return flight.read(path), line.split("|")[1:], exported, int(dropped.split()[1])
 
 
 def recovered(wreck):
@@ -101,7 +108,7 @@ def recovered(wreck):
 
 
 def test_queued_spans_and_records_survive_sigkill(tmp_path):
-    wreck, queued, exported = run_child(tmp_path, spans=100, records=10)
+    wreck, queued, exported, _ = run_child(tmp_path, spans=100, records=10)
     assert queued == [f"span {i}" for i in range(100)] and not exported
     assert wreck.identity == {"dask.worker.address": "tcp://worker:1"}
     handed, spans, records = recovered(wreck)
@@ -126,28 +133,27 @@ def test_queued_spans_and_records_survive_sigkill(tmp_path):
 
 
 def test_what_was_exported_is_not_sent_again(tmp_path):
-    wreck, queued, exported = run_child(tmp_path, spans=100, flushed=60)
+    wreck, queued, exported, _ = run_child(tmp_path, spans=100, flushed=60)
     _, spans, _ = recovered(wreck)
     assert exported == [f"span {i}" for i in range(60)]
     assert [s.name for s in spans] == queued == [f"span {i}" for i in range(60, 100)]
 
 
 def test_a_full_queue_neither_loses_nor_repeats(tmp_path):
-    """A full queue drops its oldest spans: those newer than the last one exported are
-    sent by the Nanny too (they were lost otherwise); none exported is sent again."""
-    wreck, queued, exported = run_child(
+    """A full queue drops the new spans (counted), never copied: the Nanny sends what the
+    queue held, and no span exported is sent again."""
+    wreck, queued, exported, dropped = run_child(
         tmp_path, spans=30, OTEL_BSP_MAX_QUEUE_SIZE="10", OTEL_BSP_MAX_EXPORT_BATCH_SIZE="10"
     )
     _, spans, _ = recovered(wreck)
     sent = [s.name for s in spans]
-    assert sent[len(sent) - len(queued) :] == queued and not set(sent) & set(exported)
-    newest = max((int(name.split()[1]) for name in exported), default=-1)
-    assert sent == [f"span {i}" for i in range(newest + 1, 30)]
+    assert sent == queued and not set(sent) & set(exported)
+    assert len(exported) + len(sent) + dropped == 30
 
 
 def test_a_recorder_too_small_says_what_it_lost(tmp_path):
     batch = {"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "65536"}  # nothing exported: all queued
-    wreck, queued, _ = run_child(tmp_path, spans=20_000, **batch)
+    wreck, queued, _, _ = run_child(tmp_path, spans=20_000, **batch)
     _, spans, _ = recovered(wreck)
     assert [s.name for s in spans] == queued[len(queued) - len(spans) :]
     assert spans[-1].name == "span 19999"

@@ -55,8 +55,10 @@ def spans_to(request, receiver) -> Iterator[tuple[Callable, TracerProvider]]:
     else:
         exporter = HTTPSpanExporter(endpoint=f"{receiver.http_endpoint}/v1/traces")
     provider = TracerProvider()
-    # One batch: every hostile item is exported together with its neighbours.
-    processor = sdk.span_processor(exporter, schedule_delay_millis=60_000)
+    # One batch: every hostile item is exported together with its neighbours. Spans with
+    # megabytes in every field hold them until the export cuts them: more than the
+    # queue's 16 MiB bound (otel.max-queue-memory, held by tests/test_outage.py) allows.
+    processor = sdk.span_processor(exporter, schedule_delay_millis=60_000, max_queue_memory=2**30)
     provider.add_span_processor(processor)
     yield (lambda: processor.force_flush(30_000)), provider
     provider.shutdown()

@@ -290,13 +290,12 @@ def test_env_defaults_are_set_when_unset():
         sdk.configure("scheduler")
         tp = trace.get_tracer_provider()
         (processor,) = tp._active_span_processor._span_processors
-        batch = processor._batch_processor
+        limits = processor.export_queue.limits  # dask-otel's queue, which counts lost spans
         result = {
             "env": {k: os.environ.get(k) for k in sdk.ENV_DEFAULTS},
-            # dask-otel's wrapper, which counts lost spans, around the OTLP exporter
-            "exporter": type(batch._exporter.exporter).__module__,
-            "queue": batch._max_queue_size,
-            "batch": batch._max_export_batch_size,
+            "exporter": type(processor.export_queue.exporter.exporter).__module__,
+            "queue": limits.max_items,
+            "batch": limits.batch,
         }
         print(json.dumps(result), flush=True)
         os._exit(0)  # before any exporter tries to reach the (closed) endpoint

@@ -119,7 +119,7 @@ def test_queued_spans_hold_no_objects_the_collector_tracks():
     attributes = {"dask.task.key": "x-1", "dask.task.attempts": 1, "dask.task.workers": ["a"]}
     for _ in range(3):
         tracer.start_span("task x", attributes=attributes).end()
-    queue = list(processor._batch_processor._queue)
+    queue = list(processor.export_queue._items)
     gc.collect()
     # One tuple per span: its attribute dict and everything else are untracked.
     assert len(queue) == 3
@@ -168,7 +168,7 @@ def test_unsampled_spans_are_not_queued():
 def test_batch_options_pass_through():
     processor = sdk.span_processor(Keeping(), max_queue_size=7, max_export_batch_size=3)
     try:
-        assert processor._batch_processor._queue.maxlen == 7
-        assert processor._batch_processor._max_export_batch_size == 3
+        assert processor.export_queue.limits.max_items == 7
+        assert processor.export_queue.limits.batch == 3
     finally:
         processor.shutdown()

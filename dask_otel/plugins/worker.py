@@ -618,8 +618,11 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
             flight.close(self._tracer.recorder)
         self._tracer = None
         self._identity.cancel()
+        budget = self._settings.flush_timeout
+        if worker.nanny is not None:  # which kills its worker if it takes 4 s to close
+            budget = runtime.closing_under_nanny(budget)
         # The last collection still reads this worker: flush first, then let it go.
-        await off_loop(drain, closing, self._providers, self._settings.flush_timeout)
+        await off_loop(drain, closing, self._providers, budget)
         metrics.forget(self._meter_provider, worker)
         logs.remove_worker(worker.address)
         if "dask.cluster.id" in attributes:  # the scheduler answered: named above

@@ -18,7 +18,7 @@ from time import perf_counter, sleep
 from typing import Any
 
 from dask_otel import runtime
-from dask_otel.runtime import report_once
+from dask_otel.runtime import report_once, start_daemon
 
 logger = logging.getLogger(__name__)
 
@@ -106,13 +106,7 @@ class SpanEmitter:
         with self._lock:
             if self._thread is None:
                 self._closing = False
-                thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-                try:
-                    thread.start()
-                except RuntimeError as e:
-                    report_once(logger, "emitter start", "dask-otel: no thread for spans: %r", e)
-                    return
-                self._thread = thread
+                self._thread = start_daemon(logger, self._run, self._name, "spans")
 
     def _run(self) -> None:
         pending = self._pending
@@ -206,9 +200,12 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def drain(emitter: SpanEmitter, providers: runtime.Providers, timeout: float) -> None:
-    """Emit what ``emitter`` holds, then export it: each step waits half of ``timeout``."""
+    """Emit what ``emitter`` holds, then export it, within ``timeout`` seconds in all
+    (building spans takes at most half of it; the export, no longer than the collector
+    keeps taking batches: see ``runtime.flush``)."""
+    started = perf_counter()
     emitter.close(timeout / 2)
-    runtime.flush(providers, timeout / 2)
+    runtime.flush(providers, timeout - (perf_counter() - started))
 
 
 async def off_loop(call: Callable[..., Any], *args: Any) -> None:

@@ -1,0 +1,460 @@
+"""A collector that is down or hung never delays a stop, and never grows a process.
+
+End to end, with real processes and real OTLP exporters against a closed port, a TCP
+listener that never answers and a gRPC server that never answers, all on 127.0.0.1, and
+``otel.flush-timeout`` raised to 60 s, so that only dask-otel's judgement of the collector
+can end a wait early: a process exits, a Nanny's worker closes and a cluster restarts
+without waiting for the exporters' retries (10 s a batch), no Nanny kills its worker for
+dask-otel's sake, and each process says once on stderr what it could not export. The time
+bounds are generous (a loaded 2-core machine); the times themselves are measured by
+``benchmarks/outage.py``.
+
+Unit tests of the export queue (bounded in bytes, flushes that stop waiting for a hung
+exporter and keep waiting for a slow one) use exporters that block or sleep.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections import Counter
+
+import pytest
+from conftest import otel_env, start_scheduler, start_worker
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics._internal.exceptions import MetricsTimeoutError
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from otlp_receiver import UNANSWERED, unanswered
+
+from dask_otel import runtime
+from dask_otel.distro import sdk
+
+#: No stop waits for what the collector does not answer: well under this (before, a
+#: 60 s flush timeout let a process wait out its exporters' retries, 10 s a batch).
+BOUND = 15.0
+#: Only dask-otel's judgement of the collector may end a wait before this.
+PATIENT = {"DASK_OTEL__FLUSH_TIMEOUT": "60s"}
+#: Nothing exported before the exit: its shutdown makes the first export.
+UNTRIED = {
+    "OTEL_BSP_SCHEDULE_DELAY": "600000",
+    "OTEL_BLRP_SCHEDULE_DELAY": "600000",
+    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "4096",
+    "OTEL_METRICS_EXPORTER": "none",
+}
+#: What a Nanny logs when it kills a worker that did not close within its grace.
+KILLED = "Worker process still alive after"
+
+
+class Endpoint:
+    """What ``otel_env`` needs: an OTLP/gRPC endpoint."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.grpc_endpoint = endpoint
+
+
+def said_losses(stderr: str) -> list[re.Match]:
+    return list(
+        re.finditer(
+            r"dask-otel: collector unreachable at (\S+): (\d+) spans(?:, (\d+) log records)? "
+            r"not exported",
+            stderr,
+        )
+    )
+
+
+# -- a process's exit ---------------------------------------------------------------------
+
+SCRIPT = """
+import logging, sys, time
+from opentelemetry import trace
+import dask_otel
+
+dask_otel.instrument()  # the SDK, configured from OTEL_* as opentelemetry-instrument does
+tracer = trace.get_tracer("test")
+for i in range(2000):  # each batch a 10 s wait for the exporter, were it waited on
+    tracer.start_span(f"span {i}").end()
+logging.getLogger("user").warning("a log record")
+time.sleep(float(sys.argv[1]))  # 0: the exit makes the first export
+print(time.time(), flush=True)
+"""
+
+
+@pytest.mark.parametrize("kind", UNANSWERED)
+@pytest.mark.parametrize("tried", [False, True], ids=["first export at exit", "export failed"])
+def test_exit_does_not_wait_for_the_collector_and_says_the_loss(kind, tried):
+    with unanswered(kind) as endpoint:
+        env = otel_env(Endpoint(endpoint), **PATIENT, **({} if tried else UNTRIED))
+        out = subprocess.run(
+            [sys.executable, "-c", SCRIPT, "1.5" if tried else "0"],
+            env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        ended = time.time()
+    assert out.returncode == 0, out.stderr
+    exit_took = ended - float(out.stdout.split()[-1])
+    when = "after a failed export" if tried else "first export"
+    print(f"\n{kind}, {when}: exit {exit_took:.2f}s")
+    assert exit_took < BOUND, out.stderr
+    (said,) = said_losses(out.stderr)
+    assert endpoint.endswith(said[1])
+    assert int(said[2]) == 2000  # every span, whether its export failed or it was still queued
+    assert said[3] is not None and int(said[3]) >= 1
+
+
+# -- a Nanny's worker, a cluster's restart ------------------------------------------------
+
+CLIENT = """
+import operator, sys
+from distributed import Client
+import dask_otel
+with Client(sys.argv[1], timeout=30) as client:
+    dask_otel.instrument(client)
+    client.wait_for_workers(1, timeout=60)
+    assert sum(client.gather(client.map(operator.add, range(300), range(300)))) == 300 * 299
+"""
+
+
+@pytest.mark.parametrize("kind", UNANSWERED)
+def test_nanny_never_kills_its_worker_for_dask_otel(kind, processes):
+    """SIGTERM to a ``dask worker``'s Nanny: it asks its worker to close and kills it
+    after 4 s; dask-otel's flush must not be why."""
+    with unanswered(kind) as endpoint:
+        env = otel_env(Endpoint(endpoint), **PATIENT)
+        address = start_scheduler(processes, env)
+        worker = start_worker(processes, env, address, "w0")
+        out = subprocess.run(
+            [sys.executable, "-c", CLIENT, address],
+            env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        time.sleep(1.5)  # the worker's exports of those 300 task spans fail or hang
+        started = time.monotonic()
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(60) == 0
+        took = time.monotonic() - started
+    log = processes.logs()
+    print(f"\n{kind}: Nanny and worker exited {took:.2f}s after SIGTERM")
+    assert KILLED not in log, log
+    assert took < BOUND, log
+    assert said_losses(log), log  # the worker's spans, not exported
+
+
+RESTART = """
+import json, operator, sys, time
+from distributed import Client, LocalCluster
+import dask_otel
+
+dask_otel.instrument()
+with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                  dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
+    assert sum(client.gather(client.map(operator.add, range(300), range(300)))) == 300 * 299
+    time.sleep(1.5)
+    started = time.monotonic()
+    client.restart()
+    restart = time.monotonic() - started
+    assert sum(client.gather(client.map(operator.add, range(30), range(30)))) == 30 * 29
+    started = time.monotonic()
+print(json.dumps({"restart": restart, "close": time.monotonic() - started}), flush=True)
+"""
+
+
+def test_restart_and_close_with_a_hung_collector():
+    with unanswered("hung gRPC") as endpoint:
+        out = subprocess.run(
+            [sys.executable, "-c", RESTART],
+            env=otel_env(Endpoint(endpoint), **PATIENT),
+            capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    times = json.loads(out.stdout.splitlines()[-1])
+    print(f"\nhung gRPC: restart {times['restart']:.2f}s, close {times['close']:.2f}s")
+    assert KILLED not in out.stderr, out.stderr
+    assert times["restart"] < BOUND and times["close"] < BOUND, out.stderr
+
+
+# -- the export queue ---------------------------------------------------------------------
+
+
+class Blocking(SpanExporter):
+    """Blocks in every export until released; counts what it was given."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        self.exported = 0
+
+    def export(self, spans):
+        self.entered.set()
+        self.release.wait(60)
+        self.exported += len(spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self):
+        self.release.set()
+
+
+class Slow(SpanExporter):
+    """Takes ``seconds`` per batch, and every batch."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.exported = 0
+
+    def export(self, spans):
+        time.sleep(self.seconds)
+        self.exported += len(spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self):
+        pass
+
+
+@pytest.fixture
+def fresh_health(monkeypatch):
+    """What other tests in this process saw of their collectors, and lost, does not count
+    here; what this test loses is not counted for the others."""
+    monkeypatch.setattr(runtime, "health", runtime.ExportHealth())
+    monkeypatch.setattr(sdk, "_dropped", Counter())
+
+
+def traced(exporter, **options):
+    processor = sdk.span_processor(exporter, **options)
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    return processor, provider.get_tracer("test")
+
+
+def task_span(tracer, i: int) -> None:
+    """A span shaped like a worker's ``task`` span (its key unique, as Dask's are)."""
+    attributes = {
+        "dask.task.key": f"('add-{i:032x}', {i})",
+        "dask.task.prefix": "add",
+        "dask.task.group": "add-0123456789abcdef",
+        "dask.worker.address": "tcp://127.0.0.1:40000",
+        "dask.cluster.id": "Scheduler-12345678-abcd",
+        "dask.task.nbytes": 28,
+        "thread.id": 140000000 + i,
+    }
+    span = tracer.start_span("task add", attributes=attributes)
+    span.add_event("processing", {"dask.stimulus.id": f"compute-task-{i:016x}"})
+    span.end()
+
+
+def test_queue_is_bounded_in_bytes_and_counts_what_it_drops(fresh_health):
+    exporter = Blocking()
+    processor, tracer = traced(
+        exporter, max_queue_memory=100_000, max_queue_size=100_000, max_export_batch_size=10
+    )
+    try:
+        for i in range(10):  # a batch: the exporting thread takes it and blocks
+            task_span(tracer, i)
+        assert exporter.entered.wait(30)
+        for i in range(1000):
+            task_span(tracer, i)
+        queued = len(processor.export_queue._items)
+        assert 0 < processor.export_queue.bytes <= 100_000
+        assert 40 < queued < 1000  # about 1.4 kB a span
+        assert sdk.dropped()[("traces", "queue_full")] == 1000 - queued
+    finally:
+        exporter.release.set()
+        processor.shutdown()
+    assert exporter.exported == 10 + queued
+
+
+ESTIMATE = """
+import gc, json, sys, tracemalloc
+sys.path.insert(0, sys.argv[1])
+from test_outage import Blocking, task_span, traced
+
+exporter = Blocking()
+processor, tracer = traced(exporter, max_queue_size=10_000, max_export_batch_size=10_000,
+                           schedule_delay_millis=600_000, max_queue_memory=2**30)
+gc.collect()
+tracemalloc.start()
+before = tracemalloc.get_traced_memory()[0]
+for i in range(2000):
+    task_span(tracer, i)
+gc.collect()
+held = tracemalloc.get_traced_memory()[0] - before
+print(json.dumps([len(processor.export_queue._items), processor.export_queue.bytes, held]))
+"""
+
+
+def test_queued_size_estimate_is_close_to_the_memory_held():
+    """In a process of its own: nothing else allocates while ``tracemalloc`` counts."""
+    out = subprocess.run(
+        [sys.executable, "-c", ESTIMATE, os.path.dirname(__file__)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    queued, estimated, held = json.loads(out.stdout.splitlines()[-1])
+    assert queued == 2000
+    print(f"\nestimated {estimated / 2000:.0f} B a span, held {held / 2000:.0f} B")
+    assert 0.8 < estimated / held < 2.0  # an estimate on the safe side, of the right size
+
+
+def test_flush_stops_waiting_for_an_exporter_that_hangs(fresh_health):
+    exporter = Blocking()
+    processor, tracer = traced(exporter, schedule_delay_millis=60_000)
+    try:
+        task_span(tracer, 0)
+        assert processor.force_flush(30_000) is False  # gave up, the export still hangs
+        assert exporter.exported == 0
+        assert runtime.health.failing()
+        task_span(tracer, 1)
+        assert processor.force_flush(30_000) is False  # at once: one is stuck already
+        exporter.release.set()  # the collector answers: the next flush waits again
+        deadline = time.monotonic() + 30
+        while runtime.health.stuck() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert processor.force_flush(30_000) is True
+        assert exporter.exported == 2
+    finally:
+        exporter.release.set()
+        processor.shutdown()
+
+
+def test_flush_keeps_waiting_while_batches_go_through(fresh_health):
+    """Six batches of 0.2 s each: longer than a collector may stay silent, but each one
+    answers in time."""
+    exporter = Slow(0.2)
+    processor, tracer = traced(exporter, max_export_batch_size=10, schedule_delay_millis=60_000)
+    try:
+        for i in range(55):
+            task_span(tracer, i)
+        assert processor.force_flush(30_000) is True
+        assert exporter.exported == 55
+        assert not runtime.health.failing()
+    finally:
+        processor.shutdown()
+
+
+class TimingOut(InMemoryMetricReader):
+    """A reader whose collection outlasts its timeout, as on a loaded machine."""
+
+    def collect(self, timeout_millis: float = 10_000) -> None:
+        raise MetricsTimeoutError("Timed out while flushing metric readers")
+
+
+def test_a_flush_that_raises_prints_no_traceback(monkeypatch):
+    """The SDK's ``MeterProvider.force_flush`` raises when a reader's collection times
+    out: the flush's thread keeps it off stderr (the exception goes to the debug log)."""
+    raised = []
+    monkeypatch.setattr(threading, "excepthook", raised.append)
+    meter_provider = MeterProvider(metric_readers=[TimingOut()])
+    try:
+        providers = runtime.Providers(TracerProvider(), meter_provider, LoggerProvider())
+        assert runtime.flush(providers, 10) is True
+    finally:
+        meter_provider.shutdown()
+    assert raised == []
+
+
+def test_the_export_thread_starts_with_its_processor(fresh_health):
+    """Not with the first span: a thread that appears while Dask runs looks leaked to
+    distributed's tests, which compare the threads before and after each."""
+    processor, tracer = traced(Slow(0))
+    try:
+        before = set(threading.enumerate())
+        task_span(tracer, 0)
+        assert processor.force_flush(30_000) is True
+        assert set(threading.enumerate()) <= before
+    finally:
+        processor.shutdown()
+
+
+def test_a_forked_child_forgets_its_parents_queue_and_exports(fresh_health):
+    """A child forked while its parent's export hangs (a Nanny's worker started with
+    ``fork``): it neither waits for the parent's export nor sends the parent's spans."""
+    exporter = Blocking()
+    processor, tracer = traced(exporter, max_export_batch_size=1, schedule_delay_millis=60_000)
+    task_span(tracer, 0)
+    assert exporter.entered.wait(30)
+    task_span(tracer, 1)  # queued behind the hung export
+    time.sleep(runtime.STALL + 0.1)
+    assert runtime.health.patience() == 0  # the parent's export is stuck
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            exporter.release.set()  # this process's exports go through
+            exporter.exported = 0
+            queued = len(processor.export_queue._items)
+            patience = runtime.health.patience()
+            task_span(tracer, 2)
+            flushed = processor.force_flush(10_000)
+            os.write(write, json.dumps([queued, patience, flushed, exporter.exported]).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as result:
+        queued, patience, flushed, exported = json.loads(result.read())
+    os.waitpid(pid, 0)
+    exporter.release.set()
+    processor.shutdown()
+    assert [queued, patience, flushed, exported] == [0, runtime.STALL, True, 1]
+
+
+def test_queue_memory_setting_reaches_the_configured_processors():
+    code = textwrap.dedent(
+        """
+        import json
+        from opentelemetry import _logs, trace
+        from dask_otel.distro import sdk
+        sdk.configure("worker")
+        (spans,) = trace.get_tracer_provider()._active_span_processor._span_processors
+        (logs,) = _logs.get_logger_provider()._multi_log_record_processor._log_record_processors
+        print(json.dumps([spans.export_queue.limits.max_bytes, logs.export_queue.limits.max_bytes]))
+        """
+    )
+    env = otel_env(Endpoint("http://127.0.0.1:9"), DASK_OTEL__MAX_QUEUE_MEMORY="123kB")
+    env.update(OTEL_METRICS_EXPORTER="none")
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.splitlines()[-1]) == [123_000, 123_000]
+
+
+def test_a_worker_keeps_no_more_than_its_queue_memory_while_the_collector_is_down():
+    """Real exports to a closed port from an in-process cluster: the span queue stops
+    at ``otel.max-queue-memory`` and counts the rest as dropped."""
+    code = textwrap.dedent(
+        """
+        import json, operator
+        from distributed import Client, LocalCluster
+        import dask_otel
+        from dask_otel.distro import sdk
+        dask_otel.instrument()
+        with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                          dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
+            for i in range(5):
+                futures = client.map(operator.add, range(500), range(500), key=[
+                    f"add{i}-{j}" for j in range(500)])
+                client.gather(futures)
+                del futures
+            queued = [q.bytes for q in list(sdk._export_queues) if q.signal == "traces"]
+            print(json.dumps({"queued": queued, "dropped": sdk.dropped().get(
+                ("traces", "queue_full"), 0)}), flush=True)
+        """
+    )
+    with unanswered("down") as endpoint:
+        env = otel_env(Endpoint(endpoint), DASK_OTEL__MAX_QUEUE_MEMORY="200kB")
+        env.update(OTEL_BSP_SCHEDULE_DELAY="60000")  # nothing leaves the queue on schedule
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180
+        )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.splitlines()[-1])
+    (queued,) = result["queued"]
+    assert 0 < queued <= 200_000
+    assert result["dropped"] > 1000  # 2,500 tasks: a task and an execute span each
