@@ -18,16 +18,16 @@ from typing import Any
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
 from dask_otel import hooks, runtime
-from dask_otel.activation import (
+from dask_otel.config import ConfigError, load_settings
+from dask_otel.package import _instruments
+from dask_otel.plugins import rpc
+from dask_otel.plugins.activation import (
     activate,
     bridge_logs,
     disabled_by_environment,
     refuse_invalid_settings,
     settings_problem,
 )
-from dask_otel.config import ConfigError, load_settings
-from dask_otel.package import _instruments
-from dask_otel.plugins import rpc
 from dask_otel.plugins.nanny import DaskOtelNannyPlugin
 from dask_otel.plugins.scheduler import DaskOtelSchedulerPlugin
 from dask_otel.plugins.worker import DaskOtelWorkerPlugin

@@ -425,7 +425,7 @@ def test_an_sdk_that_cannot_be_configured_leaves_the_process_untraced_and_is_not
         "import logging; logging.basicConfig()\n"
         "from opentelemetry import trace\n"
         "from opentelemetry.sdk.trace import TracerProvider\n"
-        "from dask_otel.activation import activate\n"
+        "from dask_otel.plugins.activation import activate\n"
         "print([activate('client') for _ in range(3)])\n"
         "trace.set_tracer_provider(TracerProvider())\n"
         "print(activate('client') is not None)\n"

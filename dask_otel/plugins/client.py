@@ -22,8 +22,8 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from wrapt import wrap_function_wrapper
 
 from dask_otel import runtime
-from dask_otel.activation import activate
 from dask_otel.config import Settings
+from dask_otel.plugins.activation import activate
 from dask_otel.runtime import report_once
 from dask_otel.spans import errors, ids, naming
 

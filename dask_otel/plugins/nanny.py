@@ -43,7 +43,7 @@ from opentelemetry.trace import Status, StatusCode
 from tornado.ioloop import PeriodicCallback
 
 from dask_otel import runtime
-from dask_otel.activation import activate
+from dask_otel.plugins.activation import activate
 from dask_otel.runtime import PLUGIN_NAME, report_once
 from dask_otel.signals import flight, logs, metrics
 from dask_otel.spans import emitter, ids

@@ -29,8 +29,8 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from dask_otel import runtime
-from dask_otel.activation import activate
 from dask_otel.plugins import rpc
+from dask_otel.plugins.activation import activate
 from dask_otel.runtime import PLUGIN_NAME
 from dask_otel.signals import events, logs, metrics
 from dask_otel.spans import emitter, errors, ids, naming

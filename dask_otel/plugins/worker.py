@@ -34,8 +34,8 @@ from opentelemetry import context, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from dask_otel import runtime
-from dask_otel.activation import activate
 from dask_otel.plugins import client, rpc
+from dask_otel.plugins.activation import activate
 from dask_otel.plugins.spill import SpillTracer
 from dask_otel.runtime import PLUGIN_NAME, report_once
 from dask_otel.signals import flight, logs, metrics
