@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Status, StatusCode
 
+from dask_otel.distro import sdk
 from dask_otel.spans import ids
 from dask_otel.spans.emitter import SpanEmitter
 from dask_otel.spans.records import MAX_CALLS, DeferredSpan, EndedSpans
@@ -131,7 +132,9 @@ def ended_spans() -> tuple[EndedSpans, SpanEmitter, InMemorySpanExporter]:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     emitter = SpanEmitter("test-ended-spans")
-    return EndedSpans(provider.get_tracer("test"), emitter, limit=64), emitter, exporter
+    tracer = provider.get_tracer("test")
+    spans = EndedSpans(tracer, emitter, limit=64, writer=sdk.span_writer(tracer))
+    return spans, emitter, exporter
 
 
 def test_ended_spans_are_built_in_the_emitter_under_the_task_span():
@@ -222,7 +225,8 @@ def written_and_started(limits=None, processor=None):
         provider.add_span_processor((processor or SimpleSpanProcessor)(exporter))
         emitter = SpanEmitter("test-written")
         tracer = provider.get_tracer("test", "1.0")
-        spans = EndedSpans(tracer if direct else AnotherTracer(tracer), emitter, limit=64)
+        tracer = tracer if direct else AnotherTracer(tracer)
+        spans = EndedSpans(tracer, emitter, limit=64, writer=sdk.span_writer(tracer))
         assert spans.direct is direct
         current = DeferredSpan(PARENT)
         current.set_attribute("user.rows", 3)

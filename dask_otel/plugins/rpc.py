@@ -53,9 +53,16 @@ _state: _State | None = None
 
 
 def ended_spans(tracer: trace.Tracer, settings: Settings) -> EndedSpans:
-    """Builds ``rpc`` spans with ``tracer`` in this process's emitter thread (a request
-    does not say which client, scheduler or worker of the process sent it)."""
-    return EndedSpans(tracer, emitter.shared(), settings.max_attribute_length)
+    """Builds spans of work that is over (``rpc`` spans, a worker's) with ``tracer`` in
+    this process's emitter thread (a request does not say which client, scheduler or
+    worker of the process sent it), written straight as queued tuples for SDK tracers."""
+    try:
+        from dask_otel.distro import sdk  # imports the SDK: not at import time
+    except ImportError:  # no SDK installed: spans go through the API
+        writer = None
+    else:
+        writer = sdk.span_writer(tracer)
+    return EndedSpans(tracer, emitter.shared(), settings.max_attribute_length, writer)
 
 
 def peer_attributes(address: str | None, prefix: str) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from dask_otel.plugins.activation import activate
 from dask_otel.plugins.spill import SpillTracer
 from dask_otel.runtime import PLUGIN_NAME, report_once
 from dask_otel.signals import flight, logs, metrics
-from dask_otel.spans import emitter, errors, ids
+from dask_otel.spans import errors, ids
 from dask_otel.spans.emitter import drain, off_loop
 from dask_otel.spans.records import DeferredSpan, EndedSpans, TaskAttemptSpan
 
@@ -366,7 +366,7 @@ class ExecuteTracer(_InstancePatch):
         super().__init__(worker)
         self.tracer = tracer
         #: Builds this worker's spans (``execute`` and the ended spans of its other work).
-        self.spans = EndedSpans(tracer, emitter.shared(), settings.max_attribute_length)
+        self.spans = rpc.ended_spans(tracer, settings)
         self.task_duration = task_duration
         self.settings = settings
         #: Attributes of every span; ``dask.cluster.id`` joins once the scheduler answers.
@@ -376,6 +376,10 @@ class ExecuteTracer(_InstancePatch):
         }
         #: Where the attempts in progress are noted for this worker's Nanny, if any.
         self.recorder = flight.open_for(worker, settings.flight_recorder_size)
+        if self.recorder is not None:
+            from dask_otel.distro import sdk  # imports the SDK: not at import time
+
+            sdk.mirror(self.recorder)  # this process's export queues, copied to it
 
     async def execute(self, key: Any, *, stimulus_id: str) -> Any:
         ts = self.worker.state.tasks.get(key)
@@ -615,7 +619,10 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
         closing = self._tracer.spans.emitter
         attributes = self._tracer.static_attributes
         if self._tracer.recorder is not None:
-            flight.close(self._tracer.recorder)
+            from dask_otel.distro import sdk
+
+            sdk.mirror(None)
+            self._tracer.recorder.close()  # closed normally: its recorder is deleted
         self._tracer = None
         self._identity.cancel()
         budget = self._settings.flush_timeout

@@ -499,15 +499,14 @@ def recorders(folder: Path) -> Iterator[tuple[int, Path]]:
 
 def open_for(worker: Any, size: int) -> FlightRecorder | None:
     """A flight recorder for ``worker`` if its Nanny runs dask-otel (it made the directory),
-    copying this process's export queues; None otherwise."""
+    for the worker to copy its export queues to (``dask_otel.distro.sdk.mirror``); None
+    otherwise."""
     nanny = getattr(worker, "nanny", None)
     if not size or not isinstance(nanny, str):
         return None
     folder = directory(nanny)
     if not folder.is_dir():
         return None
-    from dask_otel.distro import sdk
-
     slots = max(SLOTS, 2 * worker.state.nthreads)
     try:
         recorder = FlightRecorder(folder / f"{os.getpid()}{SUFFIX}", size, slots)
@@ -517,13 +516,4 @@ def open_for(worker: Any, size: int) -> FlightRecorder | None:
     recorder.identify(
         **{"dask.worker.address": worker.address, "dask.worker.name": str(worker.name)}
     )
-    sdk.mirror(recorder)
     return recorder
-
-
-def close(recorder: FlightRecorder) -> None:
-    """The worker closed normally: stop copying, and delete its recorder."""
-    from dask_otel.distro import sdk
-
-    sdk.mirror(None)
-    recorder.close()

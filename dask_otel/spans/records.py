@@ -10,8 +10,8 @@ calls, and :meth:`DeferredSpan.replay` applies them to the real span, made with 
 id in a background thread once the task is over. :class:`EndedSpans` builds them, and
 the spans of other work over by then (transfers, spills, requests), from times and
 attributes: written straight as the tuple dask-otel's span processor queues for the
-SDK's tracers (:func:`dask_otel.distro.sdk.span_writer`), through ``start_span`` with
-:class:`dask_otel.spans.ids.SpanIdSetter` for any other.
+SDK's tracers (:func:`dask_otel.distro.sdk.span_writer`, which the plugins hand over),
+through ``start_span`` with :class:`dask_otel.spans.ids.SpanIdSetter` for any other.
 """
 
 from __future__ import annotations
@@ -142,25 +142,20 @@ class TaskAttemptSpan(DeferredSpan):
         return self._carrier.span_id(ids.key_to_str(self._key))
 
 
-def _span_writer(tracer: trace.Tracer) -> Any:
-    try:
-        from dask_otel.distro import sdk
-    except ImportError:  # no SDK installed: spans go through the API
-        return None
-    return sdk.span_writer(tracer)
-
-
 class EndedSpans:
     """Spans of work that is over by the time they are built (a task attempt run, data
     sent to or fetched from a peer, a key spilled or read back, a request answered): the
     event loop keeps times and a dict (and the :class:`DeferredSpan` that was current, if
     something could nest under it), and the SDK builds the span in an emitter's thread."""
 
-    def __init__(self, tracer: trace.Tracer, emitter: SpanEmitter, limit: int) -> None:
+    def __init__(
+        self, tracer: trace.Tracer, emitter: SpanEmitter, limit: int, writer: Any = None
+    ) -> None:
         self._ids = ids.SpanIdSetter(tracer)
         #: Writes the spans of the OpenTelemetry SDK's tracers as the tuples its span
-        #: processor queues, skipping ``start_span``; None: any other tracer.
-        self._writer = _span_writer(tracer)
+        #: processor queues, skipping ``start_span`` (``dask_otel.distro.sdk.span_writer``
+        #: of ``tracer``); None: through ``start_span``, as for any other tracer.
+        self._writer = writer
         #: The thread that builds them; the owner may submit other work to it.
         self.emitter = emitter
         self._limit = limit
