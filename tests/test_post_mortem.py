@@ -37,7 +37,8 @@ from test_flight import run_child
 import dask_otel
 from dask_otel.signals import flight
 from dask_otel.spans import emitter
-from dask_otel.tools.summary import render, summarize
+from dask_otel.tools.report import render
+from dask_otel.tools.summary import summarize
 
 MEMORY_LIMIT = 400_000_000
 #: Quick tasks each worker runs before a death: their spans wait in its export queue.

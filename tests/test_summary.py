@@ -19,7 +19,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import Status, StatusCode
 
 from dask_otel.tools import cli
-from dask_otel.tools.summary import SummaryError, elide, render, summarize
+from dask_otel.tools.report import elide, render
+from dask_otel.tools.summary import SummaryError, summarize
 
 DATA = Path(__file__).parent / "data"
 #: Real runs recorded by tests/data/record_run.py (Nannies instrumented): trace model v2,
@@ -37,8 +38,7 @@ def text(*paths) -> str:
 @pytest.mark.parametrize("run", RUNS, ids=["v2", "v1"])
 def test_golden_summary_of_a_recorded_run(run):
     """Regenerate after a deliberate change of the output (and read the diff) with
-    python -c "import sys; from dask_otel.tools import summary as s;
-    s.render(s.summarize(sys.argv[1]), sys.stdout)" tests/data/run > tests/data/run.txt"""
+    ``dask-otel summarize tests/data/run > tests/data/run.txt``."""
     assert text(run) == run.with_suffix(".txt").read_text()
 
 

@@ -84,12 +84,12 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
 
     from dask_otel.tools import demo as demo_module
-    from dask_otel.tools import summary
+    from dask_otel.tools import report, summary
 
     try:
         if args.command == "demo":
             return demo_module.run(args.output, args.size)
-        summary.render(summary.summarize(args.paths), sys.stdout)
+        report.render(summary.summarize(args.paths), sys.stdout)
         sys.stdout.flush()
     except (summary.SummaryError, demo_module.DemoError) as e:
         print(f"dask-otel: {e}", file=sys.stderr)

@@ -35,7 +35,7 @@ from distributed import Client
 import dask_otel
 from dask_otel import runtime
 from dask_otel.distro.sdk import FILE_EXPORT_DIR
-from dask_otel.tools import summary
+from dask_otel.tools import report, summary
 
 #: Exit code of a demo whose telemetry did not (all) reach the collector.
 EXPORT_FAILED = 1
@@ -333,7 +333,7 @@ def run(output: Path, size: str = "normal", out: TextIO = sys.stdout) -> int:
         )
         return 0
     out.write("\n")
-    summary.render(summary.summarize(output), out)
+    report.render(summary.summarize(output), out)
     out.write(
         f"\nThe files are in {output}. Summarize them again with\n"
         f"  dask-otel summarize {output}\n"
