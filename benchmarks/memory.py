@@ -8,8 +8,8 @@
    ``dask_otel`` source files, and the total bytes held (instrumented minus plain is
    everything dask-otel costs, allocations it causes inside Dask and the SDK included).
 2. No leak: 10 computations one after another on one instrumented cluster, each
-   released when done. After each: the scheduler plugin's records (``_tasks``,
-   ``_graphs``), the span emitter's backlog, pending events, the entries of the bounded
+   released when done. After each: the scheduler plugin's task records, open graphs and
+   pending events (its ``held()``), the span emitter's backlog, the entries of the bounded
    cache of parsed trace contexts (``dask_otel.spans.ids.DECODED_CARRIERS``, one per graph;
    emptied before measuring, so that the rest shows what it does not bound), the objects
    made by ``dask_otel`` code that are still alive (every object the garbage collector
@@ -123,12 +123,13 @@ def plugin_state(scheduler) -> dict[str, int]:  # type: ignore[no-untyped-def]
     plugin = scheduler.plugins.get("dask-otel")
     if plugin is None:
         return {}
-    running = plugin._emitter is not None
+    held = plugin.held()
+    running = plugin.settings is not None
     return {
-        "records": len(plugin._tasks),
-        "graphs": len(plugin._graphs),
+        "records": held["records"],
+        "graphs": held["graphs"],
         "backlog": len(emitter.shared()._pending) if running else 0,
-        "events": len(plugin._events._pending) if running else 0,
+        "events": held["events"],
     }
 
 
