@@ -51,6 +51,11 @@ class _Report:
         self.w = out.write
         self.out = out
 
+    def more(self, rows: list, noun: str = "") -> None:
+        """The line that counts what a list leaves out past its first MAX_ROWS rows."""
+        if len(rows) > MAX_ROWS:
+            self.w(f"  ... {len(rows) - MAX_ROWS} more{' ' + noun if noun else ''}\n")
+
     def header(self) -> None:
         s, w = self.s, self.w
         w(f"{s.files} file(s): {s.spans} spans, {s.log_records} log records, "
@@ -83,8 +88,7 @@ class _Report:
             root = elide(trace.root or "(root not recorded)", 28)
             w(f"  {trace_id:<32}  {root:<28} {trace.root_role:<15} {trace.spans:6} "
               f"{(trace.end - trace.start) / 1e9:8.2f} {failed.get(trace_id, 0):6}\n")  # fmt: skip
-        if len(ranked) > MAX_ROWS:
-            w(f"  ... {len(ranked) - MAX_ROWS} more traces\n")
+        self.more(ranked, "traces")
 
     def failures(self) -> None:
         s, w = self.s, self.w
@@ -96,8 +100,7 @@ class _Report:
             w(f"  {elide(key, KEY_WIDTH)}  trace {trace}\n")
             w(f"      {elide(task.exception or '(no exception recorded)', 90)}\n")
             w(f"      {attempts} attempt(s) on {workers}\n")
-        if len(failures) > MAX_ROWS:
-            w(f"  ... {len(failures) - MAX_ROWS} more\n")
+        self.more(failures)
         dependents = Counter(t.prefix for t in s.tasks.values() if t.failed and t.erred_by)
         if dependents:
             counts = ", ".join(f"{n} {p}" for p, n in dependents.most_common(MAX_ROWS))
@@ -140,8 +143,7 @@ class _Report:
               f"{worker.failed:6} {worker.compute:9.2f}  {_moved(worker.received):<13} "
               f"{_moved(worker.sent):<13} {_moved(worker.spilled):<13} "
               f"{_moved(worker.unspilled):<13}\n")  # fmt: skip
-        if len(rows) > MAX_ROWS:
-            w(f"  ... {len(rows) - MAX_ROWS} more workers\n")
+        self.more(rows, "workers")
 
     def waterfall(self) -> None:
         s, w = self.s, self.w
@@ -166,8 +168,7 @@ class _Report:
                 ended = (max(e for _, e in intervals) - trace.start) / 1e9
                 w(f"  {elide(prefix, NAME_WIDTH):<{NAME_WIDTH}} |{''.join(bar)}| "
                   f"{began:5.2f}-{ended:.2f} s  {len(intervals)} run(s)\n")  # fmt: skip
-            if len(groups) > MAX_ROWS:
-                w(f"  ... {len(groups) - MAX_ROWS} more groups\n")
+            self.more(groups, "groups")
 
     def logs(self) -> None:
         s, w = self.s, self.w
@@ -179,8 +180,7 @@ class _Report:
         for (severity, role, line), (count, trace) in errors[:MAX_ROWS]:
             where = f"  trace {trace}" if trace else ""
             w(f"  {severity} x{count} {role}: {elide(line, 64)}{where}\n")
-        if len(errors) > MAX_ROWS:
-            w(f"  ... {len(errors) - MAX_ROWS} more distinct ERROR records\n")
+        self.more(errors, "distinct ERROR records")
 
     def missing(self) -> None:
         s, w = self.s, self.w
