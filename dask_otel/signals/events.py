@@ -142,11 +142,4 @@ def _plain(value: Any, limit: int, redact: bool = False) -> Any:
         return plain_items
     if redact or (isinstance(value, BaseException) and errors.redaction.exception_messages):
         return errors.REDACTED
-    return ids.cap(_repr(value), limit)
-
-
-def _repr(value: Any) -> str:
-    try:
-        return repr(value)
-    except Exception:
-        return f"<{type(value).__name__}>"
+    return ids.cap(errors.safe_repr(value), limit)

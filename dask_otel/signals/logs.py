@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 import weakref
 from collections import Counter
@@ -37,11 +36,9 @@ from dask_otel.spans import errors, ids
 logger = logging.getLogger(__name__)
 
 #: Log bodies are capped at this multiple of ``otel.max-attribute-length`` (Dask's
-#: "Compute Failed" body holds a stack trace), exception messages at 4x.
+#: "Compute Failed" body holds a stack trace); exception text as ``errors`` says.
 BODY_LENGTH_FACTOR = 16
 
-#: Exception type at the start of Dask's exception text, e.g. ``ValueError('x')``.
-_EXCEPTION_TYPE = re.compile(r"([A-Za-z_][\w.]*)")
 
 #: Identity of this process, added to every exported record (filled by the plugins).
 identity: dict[str, str] = {}
@@ -198,18 +195,17 @@ class DaskRecordFilter(logging.Filter):
             return
         key, _, _, exception_text, traceback_text = args[:5]
         text = str(exception_text)
-        match = _EXCEPTION_TYPE.match(text.strip("'\""))
+        match = errors.LEADING_TYPE.match(text.strip("'\""))
         redact = errors.redaction.exception_messages
+        texts = {"exception.message": text, "exception.stacktrace": str(traceback_text)}
         record.__dict__.update(
             {
                 "dask.task.key": ids.cap(ids.key_to_str(key), self.max_length),
                 "exception.type": match.group(1) if match else "Exception",
-                "exception.message": errors.REDACTED
-                if redact
-                else ids.cap(text, self.max_length * 4),
-                "exception.stacktrace": errors.REDACTED
-                if redact
-                else ids.cap(str(traceback_text), self.max_length * 16),
+                **{
+                    name: errors.REDACTED if redact else ids.cap(texts[name], self.max_length * n)
+                    for name, n in errors.EXCEPTION_TEXT_FACTORS.items()
+                },
             }
         )
 
@@ -234,7 +230,7 @@ class DaskRecordFilter(logging.Filter):
             body = _message(record)
         if isinstance(body, str):
             body = ids.cap(body, limit * BODY_LENGTH_FACTOR)
-        for name, factor in (("exception.message", 4), ("exception.stacktrace", 16)):
+        for name, factor in errors.EXCEPTION_TEXT_FACTORS.items():
             if name in attributes:
                 attributes[name] = (
                     errors.REDACTED

@@ -23,15 +23,21 @@ from opentelemetry.trace import Status, StatusCode
 
 from dask_otel.spans.ids import cap
 
+#: A (dotted) Python name, as exception types are written.
+_TYPE_NAME = r"([A-Za-z_][\w.]*)"
 #: The class name at the start of an exception's repr, e.g. ``KeyError`` in ``KeyError('k')``.
-_REPR_TYPE = re.compile(r"([A-Za-z_][\w.]*)\(")
+_REPR_TYPE = re.compile(_TYPE_NAME + r"\(")
+#: The type at the start of the text Dask has of an exception (its repr or its str).
+LEADING_TYPE = re.compile(_TYPE_NAME)
 #: What replaces a redacted exception message, stack trace or log body.
 REDACTED = "[redacted]"
 #: Attributes of an ``exception`` event (and of a log record) that carry its text.
 EXCEPTION_TEXT = ("exception.message", "exception.stacktrace")
+#: How many times ``otel.max-attribute-length`` each of those is capped at.
+EXCEPTION_TEXT_FACTORS = {"exception.message": 4, "exception.stacktrace": 16}
 #: The type at the start of an ERROR status's description, as the SDK writes it
 #: (``ValueError: message``).
-_DESCRIBED_TYPE = re.compile(r"([A-Za-z_][\w.]*): ")
+_DESCRIBED_TYPE = re.compile(_TYPE_NAME + ": ")
 
 
 @dataclass
@@ -257,9 +263,13 @@ def record_exception(
         stacktrace = REDACTED
     else:
         stacktrace = f"Traceback (most recent call last):\n{traceback_text}{exc_type}: {message}"
-    event = {"exception.type": exc_type, "exception.message": cap(message, limit * 4)}
+    factors = EXCEPTION_TEXT_FACTORS
+    event = {
+        "exception.type": exc_type,
+        "exception.message": cap(message, limit * factors["exception.message"]),
+    }
     if traceback_text:
-        event["exception.stacktrace"] = cap(stacktrace, limit * 16)
+        event["exception.stacktrace"] = cap(stacktrace, limit * factors["exception.stacktrace"])
     span.add_event("exception", {**event, **attributes}, timestamp=timestamp)
     span.set_attribute("error.type", exc_type)
     span.set_status(Status(StatusCode.ERROR, cap(f"{exc_type}: {message}", limit)))
