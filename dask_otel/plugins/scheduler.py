@@ -9,6 +9,12 @@ KilledWorker, cancelled while running) and an ``attempt`` span for an attempt lo
 its worker; each such ending moves the task to a new generation of span ids (see
 :class:`dask_otel.spans.ids.Carrier`), so no id is ever emitted twice.
 
+Each task's carrier (:class:`dask_otel.spans.ids.Carrier`) is kept here, by key, never in
+the task's annotations, which are the user's: the client's context is taken out of the
+``update-graph`` message before Dask reads its annotations, and a task's carrier is added
+to a copy of its annotations in the ``compute-task`` message only (the worker plugin
+takes it out again). Per task that is one dict entry and one dict copy per dispatch.
+
 With ``otel.scheduler.task-spans: all`` it also records every task's lifecycle and
 emits every ``task`` span, as in trace model v1 (workers then emit ``execute`` spans
 under them): ~100 us of scheduler CPU per task.
@@ -19,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
+from contextvars import ContextVar
 from itertools import islice
 from time import time_ns
 from typing import TYPE_CHECKING, Any
@@ -56,6 +63,10 @@ REPORTED_BY_WORKER = ("task-erred", "reschedule")
 #: worker reported: a stale run (cancelled while running, asked for again, resumed by
 #: the worker), which Dask computes again. The worker emitted that run's ``task`` span.
 STALE_RESULT = "task-finished"
+
+#: The carrier the client sent with the ``update-graph`` message being handled (Dask
+#: handles a client's messages one after another, each client in a task of its own).
+_submitted: ContextVar[str | None] = ContextVar("dask_otel_submitted", default=None)
 
 
 class _Graph:
@@ -171,6 +182,8 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         self._scheduler: Scheduler | None = None
         #: The open graph of each task not yet in a final state.
         self._tasks: dict[Any, _Graph] = {}
+        #: The carrier (``otel`` annotation text) of each task traced here, until forgotten.
+        self._carriers: dict[Any, str] = {}
         self._graphs: set[_Graph] = set()
         #: Open graphs by the span id their tasks carry.
         self._graph_by_span: dict[int, _Graph] = {}
@@ -216,6 +229,36 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         )
         logs.add_cluster(self._cluster_id)
         self._handlers = rpc.trace_handlers(scheduler, tracer, settings)
+        self._receive_graph = scheduler.stream_handlers["update-graph"]
+        scheduler.stream_handlers["update-graph"] = self._update_graph_message
+        self._task_message = scheduler._task_to_msg
+        scheduler._task_to_msg = self._task_to_msg  # type: ignore[method-assign]
+
+    # -- the carrier beside the annotations -----------------------------------------------
+
+    async def _update_graph_message(self, *, annotations: Any = None, **kwargs: Any) -> None:
+        """Dask's ``update-graph`` handler, given the message's global annotations without
+        the client's carrier; :meth:`update_graph` finds it in ``_submitted``."""
+        annotations, carrier = ids.take_carrier(annotations)
+        token = _submitted.set(carrier)
+        try:
+            await self._receive_graph(annotations=annotations, **kwargs)
+        finally:
+            _submitted.reset(token)
+
+    def _task_to_msg(self, ts: Any) -> dict[str, Any]:
+        """Dask's ``compute-task`` message, with the task's carrier in a copy of its
+        annotations (a worker without dask-otel keeps it there, as before)."""
+        msg = self._task_message(ts)
+        carrier = self._carriers.get(ts.key)
+        if carrier is not None:
+            annotations = msg["annotations"]
+            msg["annotations"] = (
+                {**annotations, ids.ANNOTATION: carrier}
+                if annotations
+                else {ids.ANNOTATION: carrier}
+            )
+        return msg
 
     # -- graphs -------------------------------------------------------------------------
 
@@ -231,12 +274,8 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
     ) -> None:
         if self._emitter is None:
             return
-        injected = annotations.get(ids.ANNOTATION) if isinstance(annotations, dict) else None
-        # A user's own ``otel`` annotation (of any type) is not a carrier: only values
-        # that parse count.
-        parent = next(
-            (c.context for v in _values(injected) if (c := ids.parse(v)) is not None), None
-        )
+        submitted = ids.parse(_submitted.get())
+        parent = submitted.context if submitted is not None else None
         now = time_ns()
         span = self._tracer.start_span(
             "graph"
@@ -284,8 +323,7 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
             # data, results of earlier graphs, running tasks) belong to other spans.
             if ts is None or ts.state != "released" or key in open_tasks:
                 continue
-            annotation = ts.annotations.get(ids.ANNOTATION) if ts.annotations else None
-            carrier = ids.parse(annotation)
+            carrier = self._carrier(ts)
             if carrier is not None and carrier.context.span_id in self._graph_by_span:
                 continue  # created by an earlier graph still open: its span lives there
             created.append(ts)
@@ -306,13 +344,11 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
             key_text = ids.key_to_str(ts.key)
             if kept and ratio < 1:
                 kept = ids.keep_task(carrier.context, key_text, ratio)
-            if ts.annotations is None:
-                ts.annotations = {}
             annotation = kept_annotation if kept else thinned_annotation
             if kept and not self._all_task_spans and ts.dependencies:
                 annotation = self._with_foreign_links(carrier, ts, created_set) or annotation
             # The carrier's sampled flag tells the worker whether to trace the task.
-            ts.annotations[ids.ANNOTATION] = annotation
+            self._carriers[ts.key] = annotation
             open_tasks[ts.key] = graph
             if self._all_task_spans:
                 records[ts.key] = _Task(ts.key, ts.prefix.name, ts.group.name, graph, now, kept)
@@ -331,7 +367,7 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
             if dts.key in created:
                 links.append(ids.TaskRef(carrier, ids.key_to_str(dts.key)).span_context)
                 continue
-            ref = ids.traced_task(dts.annotations, dts.key)
+            ref = ids.task_ref(self._carriers.get(dts.key), dts.key)
             if ref is not None:
                 links.append(ref.span_context)
         return carrier._replace(links=tuple(links)).encode()
@@ -401,6 +437,8 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         stimulus_id: str | None = None,
         **kwargs: Any,
     ) -> None:
+        if finish == "forgotten":
+            self._carriers.pop(key, None)
         if self._all_task_spans:
             self._record_transition(key, start, finish, stimulus_id, kwargs)
             return
@@ -444,7 +482,7 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
     def _erred(self, key: Any, start: str, graph: _Graph | None, kwargs: dict[str, Any]) -> None:
         """A task erred: the ``task`` span is the scheduler's to emit."""
         ts = self._scheduler.tasks.get(key)  # type: ignore[union-attr]
-        carrier = _carrier(ts)
+        carrier = self._carrier(ts)
         if carrier is None:
             return
         worker = kwargs.get("worker")
@@ -460,7 +498,7 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
                 # The worker reported the failed attempt, under the next generation's span.
                 failed_attempts += 1
                 self._next_generation(ts)
-            carrier = _carrier(ts)
+            carrier = self._carrier(ts)
         elif not (carrier.context.trace_flags.sampled or carrier.generation):
             return  # thinned, never ran: nothing of it was reported, nothing to parent
         died_on = self._died_on.pop(key, [])
@@ -473,7 +511,7 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
     def _left_without_result(self, key: Any, start: str, stimulus_id: str | None) -> None:
         """A task left ``processing`` (or waiting, after attempts) without a result."""
         ts = self._scheduler.tasks.get(key)  # type: ignore[union-attr]
-        carrier = _carrier(ts)
+        carrier = self._carrier(ts)
         if carrier is None:
             return
         if key in self._lost:
@@ -496,7 +534,7 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
     def _lose_attempt(self, ts: Any, worker: str | None, expected: bool, now: int) -> None:
         """Emit the ``attempt`` span of ``ts``'s attempt lost with ``worker`` and move the
         task to its next generation, traced (thinned or not)."""
-        carrier = _carrier(ts)
+        carrier = self._carrier(ts)
         if carrier is None:
             return
         if not expected:
@@ -537,7 +575,7 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
     def _next_generation(self, ts: Any, traced: bool = False) -> None:
         """Move ``ts`` to its next generation of span ids (traced from now on if
         ``traced``, even if it was thinned)."""
-        carrier = _carrier(ts)
+        carrier = self._carrier(ts)
         if carrier is None:
             return
         carrier = carrier._replace(generation=carrier.generation + 1)
@@ -545,7 +583,11 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
             carrier = carrier._replace(
                 context=ids.with_sampled(carrier.context, True), thinned=False
             )
-        ts.annotations[ids.ANNOTATION] = carrier.encode()
+        self._carriers[ts.key] = carrier.encode()
+
+    def _carrier(self, ts: Any) -> ids.Carrier | None:
+        """The carrier of a scheduler ``TaskState``, if dask-otel traces it."""
+        return None if ts is None else ids.parse(self._carriers.get(ts.key))
 
     def _task_attributes(self, ts: Any) -> dict[str, Any]:
         limit = self._settings.max_attribute_length
@@ -570,7 +612,7 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         return record
 
     def _emit_anomaly(self, ts: Any, record: _Task) -> None:
-        carrier = _carrier(ts)
+        carrier = self._carrier(ts)
         self._next_generation(ts)  # if it runs again (client.retry), under a new id
         self._emitter.submit(self._emit_task, record, carrier.context)  # type: ignore[union-attr]
 
@@ -626,7 +668,7 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
                 if state == "memory" and ts.nbytes >= 0:
                     record.nbytes = ts.nbytes
                 record.dependencies = [
-                    (dts.key, dts.annotations.get(ids.ANNOTATION) if dts.annotations else None)
+                    (dts.key, self._carriers.get(dts.key))
                     for dts in islice(ts.dependencies, settings.max_task_links)
                 ]
             context = record.graph.carrier.context
@@ -720,6 +762,12 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         # Stop recording: transitions from now on find no graph.
         self._tasks = {}
         self._records = {}
+        self._carriers = {}
+        scheduler = self._scheduler
+        if scheduler.stream_handlers.get("update-graph") == self._update_graph_message:  # type: ignore[union-attr]
+            scheduler.stream_handlers["update-graph"] = self._receive_graph  # type: ignore[union-attr]
+        if scheduler.__dict__.get("_task_to_msg") == self._task_to_msg:  # type: ignore[union-attr]
+            del scheduler._task_to_msg  # type: ignore[union-attr]
         now = time_ns()
         for graph in list(self._graphs):
             graph.span.set_attribute("dask.graph.incomplete", True)
@@ -735,13 +783,6 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
 
 #: How an attempt span says that the Nanny's memory monitor killed its worker.
 _MEMORY = ": its Nanny terminated it over the memory limit"
-
-
-def _carrier(ts: Any) -> ids.Carrier | None:
-    """The carrier in a scheduler ``TaskState``'s annotation, if dask-otel put one there."""
-    if ts is None or not ts.annotations:
-        return None
-    return ids.parse(ts.annotations.get(ids.ANNOTATION))
 
 
 def _error(ts: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -762,13 +803,6 @@ def _retries_used(ts: Any) -> int:
     """Attempts of ``ts`` that failed and were retried (``retries`` granted, minus left)."""
     granted = ts.annotations.get("retries") if ts.annotations else None
     return max(0, granted - ts.retries) if isinstance(granted, int) else 0
-
-
-def _values(injected: object) -> Iterable[Any]:
-    """The values of the ``otel`` annotation Dask gathered by key (any type: a user's)."""
-    if isinstance(injected, dict):
-        return injected.values()
-    return ()
 
 
 def _dependency_links(dependencies: Iterable[tuple[Any, Any]]) -> list[Link]:

@@ -42,13 +42,20 @@ class TracedDisk(MutableMapping):
     """
 
     def __init__(
-        self, disk: Any, worker: Worker, spans: EndedSpans, attributes: dict, limit: int
+        self,
+        disk: Any,
+        worker: Worker,
+        spans: EndedSpans,
+        attributes: dict,
+        limit: int,
+        carriers: ids.TaskCarriers,
     ) -> None:
         self.disk = disk
         self.worker = worker
         self.spans = spans
         self.attributes = attributes
         self.limit = limit
+        self.carriers = carriers
 
     def __getattr__(self, name: str) -> Any:
         # ``total_weight``, ``weight_by_key``, ``max_weight``... read by SpillBuffer
@@ -87,7 +94,7 @@ class TracedDisk(MutableMapping):
         """(span name, parent, attributes) if the task that produced ``key`` is traced."""
         try:
             ts = self.worker.state.tasks.get(key)
-            traced = ids.traced_task(ts.annotations, key) if ts is not None else None
+            traced = self.carriers.traced(ts) if ts is not None else None
             if traced is None:
                 return None
             prefix = ids.cap(ts.prefix, self.limit)  # type: ignore[union-attr]
@@ -154,11 +161,18 @@ def _tracing_failed() -> None:
 class SpillTracer:
     """Puts :class:`TracedDisk` into one worker's spill buffer and labels why it spills."""
 
-    def __init__(self, worker: Worker, spans: EndedSpans, attributes: dict, limit: int):
+    def __init__(
+        self,
+        worker: Worker,
+        spans: EndedSpans,
+        attributes: dict,
+        limit: int,
+        carriers: ids.TaskCarriers,
+    ):
         self.worker = worker
         self.buffer = worker.data
         self.cache = self.buffer.slow
-        self.disk = TracedDisk(self.cache.data, worker, spans, attributes, limit)
+        self.disk = TracedDisk(self.cache.data, worker, spans, attributes, limit, carriers)
         self.manager = worker.memory_manager
         self.original_evict = self.buffer.evict
         self.original_maybe_spill = self.manager._maybe_spill

@@ -8,6 +8,10 @@ generation's span); a fetch (``transfer``) is under the task whose inputs it fet
 ``get_data`` under the task that produced the data sent. The attempt's span is current
 while the task runs: ``Worker.execute`` hands contextvars to the executor thread, so
 user spans nest under it and user log records carry its ids.
+
+A task's carrier arrives in its ``compute-task`` message's annotations and is taken out
+before the worker reads them (:class:`CarrierReceiver`): the task's annotations stay the
+user's, its carrier is kept beside it (:class:`dask_otel.spans.ids.TaskCarriers`).
 """
 
 from __future__ import annotations
@@ -79,6 +83,38 @@ class _InstancePatch:
             delattr(self.worker, self.name)
 
 
+class CarrierReceiver:
+    """Takes each task's carrier out of the annotations of its ``compute-task`` message
+    before the worker reads them, and keeps it for the task's ``TaskState``."""
+
+    op = "compute-task"
+
+    def __init__(self, worker: Worker, carriers: ids.TaskCarriers) -> None:
+        self.worker = worker
+        self.carriers = carriers
+        self.original: Callable[..., None] = worker.stream_handlers[self.op]
+
+    def install(self) -> None:
+        self.worker.stream_handlers[self.op] = self.compute_task
+
+    def uninstall(self) -> None:
+        if self.worker.stream_handlers.get(self.op) == self.compute_task:
+            self.worker.stream_handlers[self.op] = self.original
+
+    def compute_task(self, **msg: Any) -> None:
+        annotations, carrier = ids.take_carrier(msg.get("annotations"))
+        if carrier is None:
+            return self.original(**msg)
+        msg["annotations"] = annotations
+        self.original(**msg)
+        # Dask takes a message's annotations only in some of the task's states (not
+        # while it runs, say): so does its carrier.
+        ts = self.worker.state.tasks.get(msg["key"])
+        if ts is not None and ts.annotations is annotations:
+            self.carriers.set(ts, carrier)
+        return None
+
+
 class TransferTracer(_InstancePatch):
     """``transfer`` spans and metrics for every dependency fetch (``gather_dep``).
 
@@ -103,12 +139,14 @@ class TransferTracer(_InstancePatch):
         sources: metrics.Sources,
         attributes: dict,
         settings: Settings,
+        carriers: ids.TaskCarriers,
     ) -> None:
         super().__init__(worker)
         self.spans = spans
         self.sources = sources
         self.attributes = attributes
         self.settings = settings
+        self.carriers = carriers
 
     async def gather_dep(
         self, worker: str, to_gather: Any, total_nbytes: int, *, stimulus_id: str
@@ -183,7 +221,7 @@ class TransferTracer(_InstancePatch):
             dependent for ts in filter(None, map(tasks.get, keys)) for dependent in ts.dependents
         )
         for dependent in islice(dependents, DEPENDENTS_EXAMINED):
-            traced = ids.traced_task(dependent.annotations, dependent.key)
+            traced = self.carriers.traced(dependent)
             if traced is not None:
                 served[traced.key] = traced
                 if len(served) == wanted:
@@ -210,10 +248,13 @@ class GetDataTracer:
     Nothing nests under them: the event loop notes the times, the emitter builds them.
     """
 
-    def __init__(self, worker: Worker, spans: EndedSpans, attributes: dict) -> None:
+    def __init__(
+        self, worker: Worker, spans: EndedSpans, attributes: dict, carriers: ids.TaskCarriers
+    ) -> None:
         self.worker = worker
         self.spans = spans
         self.attributes = attributes
+        self.carriers = carriers
         self.original = worker.handlers["get_data"]
         # Dask reads a handler's signature (``comm`` first, ``serializers`` accepted):
         # the handler it calls shows the original's.
@@ -264,7 +305,7 @@ class GetDataTracer:
             if ts is None:
                 continue
             nbytes += ts.nbytes or 0
-            produced = produced or ids.traced_task(ts.annotations, key)
+            produced = produced or self.carriers.traced(ts)
         if produced is None:
             return None
         peer = who or getattr(comm, "peer_address", "")
@@ -361,10 +402,16 @@ class ExecuteTracer(_InstancePatch):
     name = "execute"
 
     def __init__(
-        self, worker: Worker, tracer: trace.Tracer, task_duration: Any, settings: Settings
+        self,
+        worker: Worker,
+        tracer: trace.Tracer,
+        task_duration: Any,
+        settings: Settings,
+        carriers: ids.TaskCarriers,
     ) -> None:
         super().__init__(worker)
         self.tracer = tracer
+        self.carriers = carriers
         #: Builds this worker's spans (``execute`` and the ended spans of its other work).
         self.spans = rpc.ended_spans(tracer, settings)
         self.task_duration = task_duration
@@ -385,7 +432,8 @@ class ExecuteTracer(_InstancePatch):
         ts = self.worker.state.tasks.get(key)
         if ts is None:  # Dask ignores it; so do we
             return await self.original(key, stimulus_id=stimulus_id)
-        annotation = ts.annotations.get(ids.ANNOTATION) if ts.annotations else None
+        carriers = self.carriers
+        annotation = carriers.get(ts)
         carrier = ids.parse(annotation)
         span = None
         if carrier is not None and carrier.context.trace_flags.sampled:
@@ -419,10 +467,10 @@ class ExecuteTracer(_InstancePatch):
             attempt.thread = self.worker.threads.get(key)
             attempt.state = ts.state
             if carrier is not None:
-                attempt.annotation = ts.annotations.get(ids.ANNOTATION) if ts.annotations else None
+                attempt.annotation = carriers.get(ts)
                 if attempt.outcome == "success" and not carrier.scheduler_spans:
                     attempt.dependencies = tuple(
-                        (dts.key, dts.annotations.get(ids.ANNOTATION) if dts.annotations else None)
+                        (dts.key, carriers.get(dts))
                         for dts in islice(ts.dependencies, self.settings.max_task_links)
                     )
             self.spans.emitter.submit(self._report, attempt)
@@ -578,21 +626,23 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
         self._settings = settings
         meter_provider = self._meter_provider = metrics.meter_provider(self._providers, settings)
         sources = metrics.sources(meter_provider)
+        carriers = ids.TaskCarriers()
         self._tracer = ExecuteTracer(
-            worker, self._providers.tracer(), sources.task_duration, settings
+            worker, self._providers.tracer(), sources.task_duration, settings, carriers
         )
         attributes = self._tracer.static_attributes
         tracer = self._tracer.tracer
         limit = settings.max_attribute_length
         ended = self._tracer.spans
         self._patches = [
+            CarrierReceiver(worker, carriers),
             self._tracer,
-            TransferTracer(worker, ended, sources, attributes, settings),
+            TransferTracer(worker, ended, sources, attributes, settings, carriers),
         ]
         if settings.transfer_spans:
-            self._patches.append(GetDataTracer(worker, ended, attributes))
+            self._patches.append(GetDataTracer(worker, ended, attributes, carriers))
         if settings.spill_spans and SpillTracer.applies(worker):
-            self._patches.append(SpillTracer(worker, ended, attributes, limit))
+            self._patches.append(SpillTracer(worker, ended, attributes, limit, carriers))
         for patch in self._patches:
             patch.install()
         self._handlers = rpc.trace_handlers(worker, tracer, settings)

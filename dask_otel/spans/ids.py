@@ -1,11 +1,18 @@
-"""Deterministic span ids and the trace context carried in task annotations.
+"""Deterministic span ids and the trace context that travels beside a task's annotations.
 
-The scheduler knows each graph's trace context and stores it in every task's annotations
-under :data:`ANNOTATION` (a W3C ``traceparent``). ``distributed`` already ships a task's
-annotations to the worker inside ``compute-task``, so every process that touches a task
-knows its trace id without an extra message. The span id of a task's ``task`` span is a
-hash of (that trace context, key): the scheduler, the worker that runs it and any worker
-that moves its data all name the same parent without waiting for each other.
+The trace context of a task (its :class:`Carrier`, text form ``traceparent;g=N...``)
+never shows in what users see of their annotations. It travels under the reserved name
+:data:`ANNOTATION` only between dask-otel's own hands: the client sends it as a global
+annotation of the submission, the scheduler plugin takes it out of the ``update-graph``
+message before Dask reads the annotations, keeps each task's carrier in a dict of its
+own and adds it to the annotations of the ``compute-task`` message (a copy), and the
+worker plugin takes it out again before Dask's worker reads the message
+(:class:`TaskCarriers`). A process without dask-otel passes it on untouched, so a plain
+scheduler still carries the client's context to instrumented workers.
+
+The span id of a task's ``task`` span is a hash of (that trace context, key): the
+scheduler, the worker that runs it and any worker that moves its data all name the same
+parent without waiting for each other.
 """
 
 from __future__ import annotations
@@ -15,13 +22,15 @@ import hashlib
 import logging
 import re
 import threading
+import weakref
 from typing import Any, NamedTuple
 
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-#: Name of the task annotation that carries the trace context.
+#: Name of the annotation that carries the trace context from the client to the
+#: scheduler and from the scheduler to the worker (reserved: a user's own is replaced).
 ANNOTATION = "otel"
 #: Options appended to the ``traceparent`` in a task's annotation (see :class:`Carrier`).
 THINNED = ";thinned"
@@ -255,10 +264,42 @@ class TaskRef(NamedTuple):
         )
 
 
-def traced_task(annotations: dict | None, key: Any) -> TaskRef | None:
-    """The :class:`TaskRef` of a task whose spans are recorded (from a worker's
-    ``TaskState.annotations``), else None."""
-    return task_ref(annotations.get(ANNOTATION) if annotations else None, key)
+def take_carrier(annotations: Any) -> tuple[Any, str | None]:
+    """(``annotations`` without dask-otel's carrier, the carrier), or (``annotations``,
+    None) if they hold none (a user's own ``otel`` value of any type stays where it is).
+
+    A copy, never the dict itself: in one process a message is the sender's own object
+    (an in-process worker gets the scheduler's dict).
+    """
+    if type(annotations) is not dict or ANNOTATION not in annotations:
+        return annotations, None
+    value = annotations[ANNOTATION]
+    if parse(value) is None:
+        return annotations, None
+    return {name: v for name, v in annotations.items() if name != ANNOTATION}, value
+
+
+class TaskCarriers:
+    """The carrier of each task a worker was sent, kept by its ``TaskState`` (and gone
+    with it) instead of in the task's annotations, which are the user's."""
+
+    def __init__(self) -> None:
+        self._by_task: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+    def set(self, ts: Any, annotation: str) -> None:
+        self._by_task[ts] = annotation
+
+    def get(self, ts: Any) -> Any:
+        """The carrier ``ts`` runs with; for a task sent before dask-otel's plugin was
+        set up on this worker, the one still in its annotations (or None)."""
+        annotation = self._by_task.get(ts)
+        if annotation is None and ts.annotations:
+            return ts.annotations.get(ANNOTATION)
+        return annotation
+
+    def traced(self, ts: Any) -> TaskRef | None:
+        """The :class:`TaskRef` of ``ts`` if its spans are recorded, else None."""
+        return task_ref(self.get(ts), ts.key)
 
 
 def task_ref(annotation: object, key: Any) -> TaskRef | None:
