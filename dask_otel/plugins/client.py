@@ -2,8 +2,10 @@
 after what the user ran (:mod:`dask_otel.spans.naming`).
 
 ``Client._graph_to_futures`` is the one path behind compute, persist, submit, map and
-get. The span's context rides to the scheduler as a global annotation, the only channel
-``update_graph`` gives plugins; the scheduler parents the ``graph`` span to it.
+get. The span's context rides to the scheduler as a global annotation, the one channel
+a plain scheduler passes on to workers; dask-otel's scheduler takes it out of the message
+before Dask reads the annotations (they stay the user's) and parents the ``graph`` span
+to it.
 """
 
 from __future__ import annotations
