@@ -752,7 +752,12 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
         """What this plugin holds for work in progress: none once computations are over
         and their futures released."""
         noted = len(self._events) if self._emitter is not None else 0
-        return {"records": len(self._tasks), "graphs": len(self._graphs), "events": noted}
+        return {
+            "records": len(self._tasks),
+            "carriers": len(self._carriers),
+            "graphs": len(self._graphs),
+            "events": noted,
+        }
 
     # -- shutdown ---------------------------------------------------------------------------
 
