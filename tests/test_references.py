@@ -5,11 +5,12 @@ from its frame, its inputs or its exception may be alive. Here the emitter threa
 held busy while the task fails and is released, so a reference queued for it (the
 exception, its traceback, the objects in either) would still be alive when we look.
 And a closed cluster leaves no dask-otel thread behind (distributed's leak checks wait
-for every thread a test started).
+for every thread a test started), and a worker no connection of dask-otel's in its pool.
 """
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import threading
 import time
@@ -17,7 +18,7 @@ import weakref
 from typing import ClassVar
 
 from conftest import flush_emitters, in_process_cluster
-from distributed import profile, wait
+from distributed import Scheduler, Worker, profile, wait
 from opentelemetry.trace import StatusCode
 
 from dask_otel.spans import emitter
@@ -83,3 +84,35 @@ def test_a_closed_cluster_leaves_no_thread(telemetry):
         assert client.submit(sum, [1, 2]).result() == 3
         assert dask_otel_threads()  # the span emitter, at least
     assert not dask_otel_threads()
+
+
+def test_a_worker_keeps_no_connection_of_dask_otel(telemetry):
+    """dask-otel asks the scheduler for the cluster's id as a worker starts; the
+    connection it used must not stay in the worker's pool. distributed's
+    test_new_metrics_during_heartbeat counts the event-loop turns of a worker's first
+    heartbeat, which plain opens that pooled connection: with one already there it took
+    6 turns instead of more than 9."""
+
+    def cluster_id_known(address: str) -> bool:
+        data = telemetry.metric_reader.get_metrics_data()
+        return any(
+            point.attributes.get("dask.worker.address") == address
+            and "dask.cluster.id" in point.attributes
+            for resource in data.resource_metrics
+            for scope in resource.scope_metrics
+            for metric in scope.metrics
+            for point in metric.data.data_points
+        )
+
+    async def pooled_after_start() -> int:
+        async with (
+            Scheduler(host="127.0.0.1", dashboard_address="127.0.0.1:0") as s,
+            Worker(s.address, nthreads=1, heartbeat_interval="1h") as w,
+        ):
+            deadline = time.monotonic() + 30
+            while not await asyncio.to_thread(cluster_id_known, w.address):
+                assert time.monotonic() < deadline, "the worker never learned the cluster id"
+                await asyncio.sleep(0.05)
+            return w.rpc.open  # connections the worker's pool holds, idle or in use
+
+    assert asyncio.run(pooled_after_start()) == 0

@@ -23,6 +23,7 @@ from itertools import islice
 from time import perf_counter, time_ns
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from distributed import core
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.utils import key_split_group
 from distributed.worker_state_machine import (
@@ -591,11 +592,15 @@ class ExecuteTracer(_InstancePatch):
         )
 
     async def fetch_cluster_id(self) -> None:
-        """Learn the scheduler's id, off the worker's start-up path."""
+        """Learn the scheduler's id, off the worker's start-up path, on a connection of
+        its own that closes after: left in the worker's pool, it would be the one the
+        worker's first heartbeat opens plain, and that heartbeat would change."""
+        worker = self.worker
         try:
-            identity = await asyncio.wait_for(
-                self.worker.scheduler.identity(n_workers=0), IDENTITY_TIMEOUT
-            )
+            async with core.rpc(
+                worker.scheduler.address, connection_args=worker.connection_args
+            ) as scheduler:
+                identity = await asyncio.wait_for(scheduler.identity(n_workers=0), IDENTITY_TIMEOUT)
         except Exception as e:
             logger.warning("dask-otel: cannot read the scheduler's id, spans lack it: %r", e)
             return
