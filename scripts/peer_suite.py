@@ -18,7 +18,8 @@ The tests come from a release tag of a git repository of distributed (``--source
 DIR --tag TAG``: ``git archive`` into a temporary directory, removed at exit) or from a
 source tree (``--source DIR``); wheels and sdists of distributed do not contain them.
 They run as package ``distributed_tests`` (``distributed.tests.`` in them is rewritten
-to it) so that the installed ``distributed`` is the one tested (its ``tests/`` gets the
+to it; a subpackage's, ``distributed/shuffle/tests``, as ``distributed_tests.shuffle.tests``)
+so that the installed ``distributed`` is the one tested (its ``tests/`` gets the
 TLS test certificates, which wheels lack), with the source's
 conftest.py and pytest configuration (warnings are errors, strict markers), a per-test
 timeout (``signal`` method, so a hang costs one test), ``-p no:cacheprovider``, no xdist.
@@ -26,7 +27,8 @@ timeout (``signal`` method, so a hang costs one test), ``-p no:cacheprovider``, 
 Each test that passed plain but failed or errored instrumented is run again on its own,
 ``--reruns`` times per mode: ``confirmed`` if it failed instrumented at least twice and
 never plain, ``intermittent`` if once, else ``flaky``. Per file, the outcome counts,
-wall times, load averages and suspects go to ``OUT/<file>.json``; ``--report OUT``
+wall times, load averages and suspects go to ``OUT/<file>.json`` (a subpackage's file
+``shuffle/tests/test_x.py`` to ``OUT/shuffle.tests.test_x.py.json``); ``--report OUT``
 prints the table of every file in OUT. Exit code: 1 if a regression is confirmed, 2 if
 dask-otel was not active in the instrumented run (or was in the plain one).
 
@@ -36,6 +38,8 @@ Examples::
         --source-git /work/.mirror/dask+distributed/repo --tag 2026.7.1 \\
         --files test_worker.py test_nanny.py
     python scripts/peer_suite.py --source ~/src/distributed --all --out results/dev
+    python scripts/peer_suite.py --source ~/src/distributed --out results/dev \\
+        --files diagnostics/tests/test_progress.py shuffle/tests/test_graph.py  # or --subpackages
     python scripts/peer_suite.py --report results/2026.8.0
 """
 
@@ -66,14 +70,12 @@ PACKAGE = "distributed_tests"  # not "distributed": the installed package must b
 MODES = ("plain", "instrumented")
 OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed")
 BAD = ("failed", "error")
-#: What ``git archive`` takes from a tag: the tests, the conftest and pytest config, and the
-#: resource-leak plugin conftest.py loads (some wheels, 2025.9.0's, lack it).
-ARCHIVED = (
-    "distributed/tests",
-    "distributed/pytest_resourceleaks.py",
-    "conftest.py",
-    "pyproject.toml",
-)
+#: What ``git archive`` takes from a tag: the package (its ``tests`` directories and the
+#: resource-leak plugin conftest.py loads, which some wheels, 2025.9.0's, lack), the
+#: conftest and pytest config.
+ARCHIVED = ("distributed", "conftest.py", "pyproject.toml")
+#: ``distributed.tests.`` and ``distributed.<subpackage>.tests.`` as the run names them.
+TESTS_MODULE = re.compile(r"\bdistributed\.((?:\w+\.)*?)tests\.")
 
 
 def log(message: str) -> None:
@@ -86,8 +88,9 @@ def log(message: str) -> None:
 
 @contextlib.contextmanager
 def run_directory(args: argparse.Namespace) -> Iterator[Path]:
-    """A temporary directory with distributed's tests as ``distributed_tests``, its
-    conftest.py and pytest configuration, and the plugin; removed on exit."""
+    """A temporary directory with distributed's tests as ``distributed_tests`` (those of a
+    subpackage as ``distributed_tests.<subpackage>.tests``), its conftest.py and pytest
+    configuration, and the plugin; removed on exit."""
     with tempfile.TemporaryDirectory(prefix="peer-suite-") as tmp:
         rundir = Path(tmp) / "run"
         if args.source_git:
@@ -105,10 +108,15 @@ def run_directory(args: argparse.Namespace) -> Iterator[Path]:
         if not tests.is_dir():
             sys.exit(f"{source} has no distributed/tests directory")
         shutil.copytree(tests, rundir / PACKAGE)
-        for path in (rundir / PACKAGE).glob("*.py"):
+        for sub in sorted((source / "distributed").glob("*/**/tests")):
+            shutil.copytree(sub, rundir / PACKAGE / sub.relative_to(source / "distributed"))
+        for directory in [rundir / PACKAGE, *(rundir / PACKAGE).glob("**/")]:
+            (directory / "__init__.py").touch()  # one package: test module names clash
+        for path in (rundir / PACKAGE).glob("**/*.py"):
             text = path.read_text()
-            if "distributed.tests." in text:
-                path.write_text(text.replace("distributed.tests.", f"{PACKAGE}."))
+            renamed = TESTS_MODULE.sub(lambda m: f"{PACKAGE}.{m[1] and m[1] + 'tests.'}", text)
+            if renamed != text:
+                path.write_text(renamed)
         plugins = rundir / "plugins"
         plugins.mkdir()
         shutil.copy(Path(__file__).with_name("peer_suite_plugin.py"), plugins)
@@ -161,8 +169,17 @@ def pytest_config(pyproject: Path) -> str:
     )  # JSON strings, numbers and lists of strings are valid TOML
 
 
-def test_files(rundir: Path) -> list[str]:
-    return sorted(p.name for p in (rundir / PACKAGE).glob("test_*.py"))
+def test_files(rundir: Path, subpackages: bool = False) -> list[str]:
+    """Test files of ``distributed/tests`` by name, or of the subpackages' ``tests``
+    directories by path under ``distributed/`` (``diagnostics/tests/test_progress.py``)."""
+    pattern = "*/**/tests/test_*.py" if subpackages else "test_*.py"
+    root = rundir / PACKAGE
+    return sorted(str(p.relative_to(root)) for p in root.glob(pattern))
+
+
+def record_path(out: Path, name: str) -> Path:
+    """``OUT/test_worker.py.json``, ``OUT/diagnostics.tests.test_progress.py.json``."""
+    return out / f"{name.replace('/', '.')}.json"
 
 
 # --------------------------------------------------------------------------------------
@@ -362,11 +379,17 @@ def read_junit(path: Path) -> dict[str, dict[str, str]]:
     return results
 
 
-def node_id(test_id: str) -> str:
-    """``distributed_tests.test_x::test_y[p]`` -> ``distributed_tests/test_x.py::test_y[p]``."""
+def node_id(test_id: str, rundir: Path) -> str:
+    """``distributed_tests.test_x.TestC::test_y[p]`` -> ``distributed_tests/test_x.py::TestC::
+    test_y[p]``: the module is the longest dotted prefix that is a file of ``rundir``."""
     module, name = test_id.split("::", 1)
     parts = module.split(".")
-    return "/".join(parts[:2]) + ".py::" + "::".join([*parts[2:], name])
+    n = next(
+        i
+        for i in range(len(parts), 0, -1)
+        if rundir.joinpath(*parts[:i]).with_suffix(".py").exists()
+    )
+    return "/".join(parts[:n]) + ".py::" + "::".join([*parts[n:], name])
 
 
 def counts(outcomes: dict[str, dict[str, str]]) -> dict[str, int]:
@@ -380,7 +403,7 @@ def counts(outcomes: dict[str, dict[str, str]]) -> dict[str, int]:
 
 def compare_file(runner: Runner, tally: Tally, name: str, first: str, out: Path) -> dict[str, Any]:
     """Both runs of one test file, suspects re-run; the record written to OUT/<file>.json."""
-    work = out / "runs" / name.removesuffix(".py")
+    work = out / "runs" / name.removesuffix(".py")  # subpackages' files: nested directories
     work.mkdir(parents=True, exist_ok=True)
     target = [f"{PACKAGE}/{name}"]
     runs: dict[str, dict[str, Any]] = {}
@@ -424,7 +447,7 @@ def compare_file(runner: Runner, tally: Tally, name: str, first: str, out: Path)
             if plain[t]["outcome"] in BAD and inst.get(t, {}).get("outcome") == "passed"
         ),
     }
-    (out / f"{name}.json").write_text(json.dumps(record, indent=1))
+    record_path(out, name).write_text(json.dumps(record, indent=1))
     return record
 
 
@@ -443,7 +466,8 @@ def rerun(runner: Runner, test_id: str, work: Path) -> dict[str, Any]:
             safe = re.sub(r"[^\w-]+", "_", test_id)[-120:]  # no dot: with_suffix()
             out = work / "reruns" / f"{safe}-{mode}-{i}"
             out.parent.mkdir(exist_ok=True)
-            outcome = runner.run(mode, [node_id(test_id)], out)["outcomes"].get(test_id, {})
+            target = node_id(test_id, runner.rundir)
+            outcome = runner.run(mode, [target], out)["outcomes"].get(test_id, {})
             fails[mode] += outcome.get("outcome") != "passed"
     if fails["plain"] == 0 and fails["instrumented"] >= 2:
         verdict = "confirmed"
@@ -545,8 +569,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     where.add_argument("--source", metavar="DIR", help="a source tree of dask/distributed")
     parser.add_argument("--tag", help="the release tag whose tests run (with --source-git)")
     which = parser.add_mutually_exclusive_group()
-    which.add_argument("--files", nargs="+", metavar="FILE", help="test files of distributed/tests")
+    which.add_argument(
+        "--files",
+        nargs="+",
+        metavar="FILE",
+        help="test_x.py of distributed/tests, or SUB/tests/test_x.py of a subpackage",
+    )
     which.add_argument("--all", action="store_true", help="every test_*.py of distributed/tests")
+    which.add_argument(
+        "--subpackages",
+        action="store_true",
+        help="every test_*.py of distributed/*/tests (diagnostics, shuffle, comm, ...)",
+    )
     parser.add_argument(
         "--skip-done", action="store_true", help="leave out files OUT has a record of"
     )
@@ -576,8 +610,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.report is None:
         if not (args.source or (args.source_git and args.tag)):
             parser.error("give --source DIR, or --source-git DIR with --tag TAG")
-        if not (args.files or args.all) or args.out is None:
-            parser.error("give --files or --all, and --out")
+        if not (args.files or args.all or args.subpackages) or args.out is None:
+            parser.error("give --files, --all or --subpackages, and --out")
     return args
 
 
@@ -592,12 +626,16 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     rx_module = receiver_module()
     with run_directory(args) as rundir, rx_module.OTLPReceiver() as receiver:
-        files = test_files(rundir) if args.all else args.files
-        missing = sorted(set(files) - set(test_files(rundir)))
+        every = test_files(rundir) + test_files(rundir, subpackages=True)
+        if args.all or args.subpackages:
+            files = test_files(rundir, subpackages=args.subpackages)
+        else:
+            files = args.files
+        missing = sorted(set(files) - set(every))
         if missing:
-            sys.exit(f"not in distributed/tests: {' '.join(missing)}")
+            sys.exit(f"not test files of distributed: {' '.join(missing)}")
         if args.skip_done:
-            files = [f for f in files if not (args.out / f"{f}.json").exists()]
+            files = [f for f in files if not record_path(args.out, f).exists()]
         log(
             f"distributed {importlib.metadata.version('distributed')}, dask-otel {git_head()}, "
             f"{len(files)} file(s); receiver {receiver.grpc_endpoint}; results in {args.out}"
@@ -613,7 +651,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(summary_line(record))
                 if record["dask_otel_active"] != {"plain": False, "instrumented": True}:
                     log(f"dask-otel active: {record['dask_otel_active']}: no record kept")
-                    (args.out / f"{name}.json").unlink()
+                    record_path(args.out, name).unlink()
                     return 2  # e.g. stale entry points of an editable install
                 confirmed += sum(
                     r["verdict"] == "confirmed"

@@ -3,7 +3,9 @@
 A source tree with one test that passes whatever happens and one that fails only when
 dask-otel is active: the script must run both modes for real (the instrumented run under
 ``opentelemetry-instrument``, the probe seeing dask-otel's hooks), confirm the second test
-as a regression on re-runs, exit 1, and put it in the table.
+as a regression on re-runs, exit 1, and put it in the table. The same for a test of a
+subpackage's ``tests`` directory (in a class, importing a helper of its directory by
+distributed's module path).
 """
 
 from __future__ import annotations
@@ -28,22 +30,44 @@ def test_broken_by_dask_otel():
 """
 
 
-def test_peer_suite_confirms_a_regression(tmp_path: Path) -> None:
+SUBPACKAGE_TESTS = """
+import sys
+
+from distributed.diagnostics.tests.helpers import MODULE
+
+
+class TestProbe:
+    def test_broken_by_dask_otel(self):
+        assert MODULE not in sys.modules
+"""
+
+
+def source_tree(tmp_path: Path) -> Path:
+    """A distributed source tree with the probe tests (no ``__init__.py`` in the
+    subpackage's tests directory, as in distributed's ``diagnostics/tests``)."""
     source = tmp_path / "distributed-source"
     (source / "distributed" / "tests").mkdir(parents=True)
     (source / "distributed" / "tests" / "__init__.py").write_text("")
     (source / "distributed" / "tests" / "test_probe.py").write_text(TESTS)
+    sub = source / "distributed" / "diagnostics" / "tests"
+    sub.mkdir(parents=True)
+    (sub / "helpers.py").write_text('MODULE = "dask_otel"\n')
+    (sub / "test_sub.py").write_text(SUBPACKAGE_TESTS)
     (source / "conftest.py").write_text("")
     (source / "pyproject.toml").write_text('[tool.pytest.ini_options]\naddopts = "-rf"\n')
-    out = tmp_path / "results"
+    return source
 
-    args = ["--source", source, "--files", "test_probe.py", "--out", out, "--reruns", "2"]
-    run = subprocess.run(
-        [sys.executable, SCRIPT, *args],
-        capture_output=True,
-        text=True,
-        timeout=240,
+
+def peer_suite(source: Path, out: Path, files: str) -> subprocess.CompletedProcess:
+    args = ["--source", source, "--files", files, "--out", out, "--reruns", "2"]
+    return subprocess.run(
+        [sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=240
     )
+
+
+def test_peer_suite_confirms_a_regression(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    run = peer_suite(source_tree(tmp_path), out, "test_probe.py")
     assert run.returncode == 1, run.stdout + run.stderr
 
     record = json.loads((out / "test_probe.py.json").read_text())
@@ -61,3 +85,17 @@ def test_peer_suite_confirms_a_regression(tmp_path: Path) -> None:
     ).stdout
     assert "| test_probe.py | 2/0/0/0 |" in table
     assert "test_broken_by_dask_otel (confirmed)" in table
+
+
+def test_peer_suite_confirms_a_regression_in_a_subpackage(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    run = peer_suite(source_tree(tmp_path), out, "diagnostics/tests/test_sub.py")
+    assert run.returncode == 1, run.stdout + run.stderr
+
+    record = json.loads((out / "diagnostics.tests.test_sub.py.json").read_text())
+    test_id = "distributed_tests.diagnostics.tests.test_sub.TestProbe::test_broken_by_dask_otel"
+    assert record["outcomes"] == {test_id: ["passed", "failed"]}
+    # Re-run alone by its node id (file, class, test): a wrong one fails in both modes.
+    suspect = record["passed_plain_failed_instrumented"][test_id]
+    assert suspect["failed_reruns"] == {"plain": 0, "instrumented": 2}
+    assert suspect["verdict"] == "confirmed"
