@@ -508,8 +508,10 @@ def summary_line(record: dict[str, Any]) -> str:
 
 
 def report(out: Path) -> str:
-    """A markdown table of every file's record in ``out``."""
-    records = [json.loads(p.read_text()) for p in sorted(out.glob("*.py.json"))]
+    """A markdown table of every file's record in ``out``: distributed/tests' files, then
+    the subpackages', with a total for each."""
+    records = [json.loads(p.read_text()) for p in out.glob("*.py.json")]
+    records.sort(key=lambda record: ("/" in record["file"], record["file"]))
     if not records:
         return f"no results in {out}"
     first = records[0]
@@ -522,11 +524,8 @@ def report(out: Path) -> str:
         "| passed plain, failed instrumented | spans/logs/points | load |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    total = {mode: Counter[str]() for mode in MODES}
     for record in records:
         runs = record["runs"]
-        for mode in MODES:
-            total[mode].update({**runs[mode]["counts"], "wall": runs[mode]["wall"]})
         suspects = record["passed_plain_failed_instrumented"]
         named = ", ".join(f"{t.split('::', 1)[1]} ({v['verdict']})" for t, v in suspects.items())
         rx = runs["instrumented"]["receiver"]
@@ -540,12 +539,27 @@ def report(out: Path) -> str:
             f"| {rx['spans']}/{rx['log_records']}/{rx['metric_points']}{active} "
             f"| {min(loads):.1f}-{max(loads):.1f} |"
         )
-    ratio = total["instrumented"]["wall"] / total["plain"]["wall"]
-    lines.append(
-        f"| **{len(records)} files** | {row(total['plain'])} | {row(total['instrumented'])} "
-        f"| {ratio:.2f} | | | |"
-    )
+    groups = {
+        "of distributed/tests": [r for r in records if "/" not in r["file"]],
+        "of subpackages": [r for r in records if "/" in r["file"]],
+    }
+    if all(groups.values()):
+        lines.extend(total_row(group, label) for label, group in groups.items())
+    lines.append(total_row(records))
     return "\n".join(lines)
+
+
+def total_row(records: list[dict[str, Any]], label: str = "") -> str:
+    total = {mode: Counter[str]() for mode in MODES}
+    for record in records:
+        for mode in MODES:
+            run = record["runs"][mode]
+            total[mode].update({**run["counts"], "wall": run["wall"]})
+    ratio = total["instrumented"]["wall"] / total["plain"]["wall"]
+    return (
+        f"| **{len(records)} files{' ' + label if label else ''}** | {row(total['plain'])} "
+        f"| {row(total['instrumented'])} | {ratio:.2f} | | | |"
+    )
 
 
 def row(run: dict[str, Any]) -> str:

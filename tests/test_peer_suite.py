@@ -65,6 +65,12 @@ def peer_suite(source: Path, out: Path, files: str) -> subprocess.CompletedProce
     )
 
 
+def report(out: Path) -> str:
+    return subprocess.run(
+        [sys.executable, SCRIPT, "--report", out], capture_output=True, text=True, check=True
+    ).stdout
+
+
 def test_peer_suite_confirms_a_regression(tmp_path: Path) -> None:
     out = tmp_path / "results"
     run = peer_suite(source_tree(tmp_path), out, "test_probe.py")
@@ -80,9 +86,7 @@ def test_peer_suite_confirms_a_regression(tmp_path: Path) -> None:
     assert suspect["verdict"] == "confirmed"
     assert suspect["failed_reruns"] == {"plain": 0, "instrumented": 2}
 
-    table = subprocess.run(
-        [sys.executable, SCRIPT, "--report", out], capture_output=True, text=True, check=True
-    ).stdout
+    table = report(out)
     assert "| test_probe.py | 2/0/0/0 |" in table
     assert "test_broken_by_dask_otel (confirmed)" in table
 
@@ -99,3 +103,6 @@ def test_peer_suite_confirms_a_regression_in_a_subpackage(tmp_path: Path) -> Non
     suspect = record["passed_plain_failed_instrumented"][test_id]
     assert suspect["failed_reruns"] == {"plain": 0, "instrumented": 2}
     assert suspect["verdict"] == "confirmed"
+
+    table = report(out)
+    assert "| diagnostics/tests/test_sub.py | 1/0/0/0 |" in table
