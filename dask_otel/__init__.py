@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
+import sys
 from collections.abc import Awaitable, Collection
 from typing import Any
 
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
 from dask_otel import hooks, runtime
-from dask_otel.config import ConfigError, load_settings
 from dask_otel.package import _instruments
-from dask_otel.plugins import rpc
 from dask_otel.plugins.activation import (
     activate,
     bridge_logs,
@@ -28,12 +28,7 @@ from dask_otel.plugins.activation import (
     refuse_invalid_settings,
     settings_problem,
 )
-from dask_otel.plugins.nanny import DaskOtelNannyPlugin
-from dask_otel.plugins.scheduler import DaskOtelSchedulerPlugin
-from dask_otel.plugins.worker import DaskOtelWorkerPlugin
-from dask_otel.preload import dask_setup
 from dask_otel.runtime import PLUGIN_NAME, say_once
-from dask_otel.signals import logs
 from dask_otel.version import __version__
 
 __all__ = [
@@ -46,6 +41,21 @@ __all__ = [
     "instrument",
     "uninstrument",
 ]
+
+#: What this package exports from modules that import ``distributed``, by module:
+#: imported when first used, so that importing the instrumentor does not import Dask.
+_LAZY = {
+    "DaskOtelNannyPlugin": "dask_otel.plugins.nanny",
+    "DaskOtelSchedulerPlugin": "dask_otel.plugins.scheduler",
+    "DaskOtelWorkerPlugin": "dask_otel.plugins.worker",
+    "dask_setup": "dask_otel.preload",  # Dask's preloads look it up with getattr
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_LAZY[name]), name)
 
 
 class DaskInstrumentor(BaseInstrumentor):  # type: ignore[misc]
@@ -69,17 +79,31 @@ class DaskInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         hooks.install()
         if not kwargs and runtime.is_configured() and not disabled_by_environment():
             # opentelemetry-instrument configures the SDK before it loads instrumentors:
-            # log records are exported from the start, not from the first Dask object on.
-            with contextlib.suppress(ConfigError):  # said when a Dask object activates
-                settings = load_settings()
-                if settings.enabled:
-                    bridge_logs(settings)
+            # log records are exported from dask's import on (its config holds otel.*),
+            # not from the first Dask object on.
+            hooks.when_imported("dask", _bridge_logs_from_the_start)
 
     def _uninstrument(self, **kwargs: Any) -> None:
+        from dask_otel.signals import logs
+
         hooks.uninstall()
-        rpc.uninstall()
+        if "distributed" in sys.modules:  # else no RPC was ever traced
+            from dask_otel.plugins import rpc
+
+            rpc.uninstall()
         logs.uninstall()
         runtime.set_overrides()
+
+
+def _bridge_logs_from_the_start() -> None:
+    """Export log records from now on, if the instrumentor is still on."""
+    from dask_otel.config import ConfigError, load_settings
+
+    if DaskInstrumentor().is_instrumented_by_opentelemetry:
+        with contextlib.suppress(ConfigError):  # said when a Dask object activates
+            settings = load_settings()
+            if settings.enabled:
+                bridge_logs(settings)
 
 
 def instrument(client: Any = None, **providers: Any) -> Awaitable[None] | None:
@@ -104,6 +128,10 @@ def instrument(client: Any = None, **providers: Any) -> Awaitable[None] | None:
 async def _register_plugins(client: Any, active: bool) -> None:
     if not active:
         return
+    from dask_otel.plugins.nanny import DaskOtelNannyPlugin
+    from dask_otel.plugins.scheduler import DaskOtelSchedulerPlugin
+    from dask_otel.plugins.worker import DaskOtelWorkerPlugin
+
     # What the cluster's processes will say on their own stderr, said here too.
     problems = {"scheduler": await client.run_on_scheduler(settings_problem)}
     workers = await client.run(settings_problem, on_error="return")

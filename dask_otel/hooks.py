@@ -1,90 +1,73 @@
-"""Patches that attach dask-otel to every Dask object created in an instrumented process.
+"""dask-otel's hooks into Dask, each waiting for the import of the module it needs.
 
-Each scheduler gets the scheduler plugin, each worker (and each Nanny's worker process,
-whatever its multiprocessing method) the worker plugin, through the ``plugins`` argument
-their constructors already take; each Nanny runs ``dask_otel`` as a Nanny preload, as
-``--preload-nanny dask_otel`` would (it adds the Nanny plugin once the Nanny listens,
-before its worker starts); every client's submissions get a span
-(:func:`dask_otel.plugins.client.trace_submissions`). Objects created after
-:func:`uninstall` are left alone.
+``opentelemetry-instrument`` loads dask-otel's instrumentor in every Python process it
+starts (its sitecustomize is on ``PYTHONPATH``): multiprocessing's children and resource
+tracker, any tool a traced program runs. A process that never imports ``distributed``
+must start as fast as plain Python and never import it (nor numpy through it), and a
+program that configures logging before importing ``distributed`` must still decide how
+Dask's records look (``distributed`` sets up its logging when it is imported). So the
+patches of :mod:`dask_otel.patches` are applied right after ``distributed`` is imported,
+however that happens (``import distributed``, ``from dask.distributed import Client``,
+``dask worker``, unpickling a Nanny's worker), or at once if it already was.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+import logging
+from collections.abc import Callable
+from types import ModuleType
 
-import dask.config
-import distributed
-from wrapt import wrap_function_wrapper
+from wrapt import register_post_import_hook
 
-from dask_otel.plugins import client
-from dask_otel.plugins.scheduler import DaskOtelSchedulerPlugin
-from dask_otel.plugins.worker import DaskOtelWorkerPlugin
-from dask_otel.spans import errors
+from dask_otel.runtime import report_once
 
+logger = logging.getLogger(__name__)
 
-def with_plugin(plugins: Iterable[Any] | None, plugin_type: type) -> tuple[Any, ...]:
-    """``plugins`` plus a new ``plugin_type()``, unless one of that name is there."""
-    plugins = tuple(plugins or ())
-    if any(getattr(p, "name", None) == plugin_type.name for p in plugins):
-        return plugins
-    return (*plugins, plugin_type())
+#: Whether this process wants dask-otel's patches: :func:`install` was called, and
+#: :func:`uninstall` not since.
+_wanted = False
+#: Whether they are applied (``distributed`` was imported while they were wanted).
+_applied = False
 
 
-def _with_plugin(plugin_type: type) -> Any:
-    """A constructor wrapper that passes :func:`with_plugin` as ``plugins=``."""
+def when_imported(module: str, hook: Callable[[], None]) -> None:
+    """Run ``hook`` once ``module`` is imported: at once if it is, else right after its
+    import. A hook that fails is reported once and never fails the program's import."""
 
-    def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        kwargs["plugins"] = with_plugin(kwargs.get("plugins"), plugin_type)
+    def run(_module: ModuleType) -> None:
         try:
-            return wrapped(*args, **kwargs)
-        except BaseException as e:
-            errors.hide_frame(e)  # a bad argument's traceback shows Dask's frames only
-            raise
+            hook()
+        except Exception:
+            report_once(
+                logger, f"hook {hook.__qualname__}", "dask-otel could not hook into %s", module
+            )
 
-    return wrapper
-
-
-#: The module Dask imports as a preload (its ``dask_setup``).
-PRELOAD = "dask_otel"
-
-
-def _nanny_with_plugins(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-    """``Nanny(...)`` with the worker plugin for its worker and ``dask_otel`` preloaded."""
-    kwargs["plugins"] = with_plugin(kwargs.get("plugins"), DaskOtelWorkerPlugin)
-    preloads = kwargs.get("preload_nanny")
-    if preloads is None:
-        preloads = dask.config.get("distributed.nanny.preload")
-    preloads = [preloads] if isinstance(preloads, str) else list(preloads or ())
-    if PRELOAD not in preloads:
-        kwargs["preload_nanny"] = [*preloads, PRELOAD]
-        argv = kwargs.get("preload_nanny_argv")
-        if argv is None:
-            argv = dask.config.get("distributed.nanny.preload-argv")
-        if argv and not isinstance(argv[0], str):  # one list per preload
-            kwargs["preload_nanny_argv"] = [*argv, []]
-    return wrapped(*args, **kwargs)
-
-
-_PATCHES = (
-    (distributed.Scheduler, "__init__", _with_plugin(DaskOtelSchedulerPlugin)),
-    (distributed.Worker, "__init__", _with_plugin(DaskOtelWorkerPlugin)),
-    # A Nanny passes unknown keyword arguments to its Worker: the plugin is pickled into
-    # the worker process with spawn, fork and forkserver alike.
-    (distributed.Nanny, "__init__", _nanny_with_plugins),
-)
+    register_post_import_hook(run, module)
 
 
 def install() -> None:
-    client.trace_submissions(client.ALL)
-    for owner, attribute, wrapper in _PATCHES:
-        wrap_function_wrapper(owner, attribute, wrapper)
+    """Attach dask-otel to every Dask object created from now on (once ``distributed``
+    is imported)."""
+    global _wanted
+    _wanted = True
+    when_imported("distributed", _apply)
+
+
+def _apply() -> None:
+    global _applied
+    if _wanted and not _applied:  # install, uninstall, install before the import: once
+        from dask_otel import patches
+
+        patches.apply()
+        _applied = True
 
 
 def uninstall() -> None:
-    client.untrace_submissions(client.ALL)
-    for owner, attribute, _ in _PATCHES:
-        original = getattr(owner.__dict__[attribute], "__wrapped__", None)
-        if original is not None:
-            setattr(owner, attribute, original)
+    """Leave Dask objects created from now on alone."""
+    global _wanted, _applied
+    _wanted = False
+    if _applied:
+        from dask_otel import patches
+
+        patches.remove()
+        _applied = False

@@ -11,7 +11,7 @@ from typing import Any
 
 from distributed import Nanny, Scheduler, Worker
 
-from dask_otel.hooks import with_plugin
+from dask_otel.patches import with_plugin
 from dask_otel.plugins.activation import check_settings
 from dask_otel.plugins.nanny import DaskOtelNannyPlugin
 from dask_otel.plugins.scheduler import DaskOtelSchedulerPlugin

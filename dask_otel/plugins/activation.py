@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from distributed.core import Status
-
-from dask_otel.config import ConfigError, Settings, load_settings
 from dask_otel.runtime import say_once
+
+if TYPE_CHECKING:
+    from dask_otel.config import ConfigError, Settings
+
+# dask_otel.config imports Dask's: each function imports it when it runs, so that the
+# instrumentor, loaded in every process opentelemetry-instrument starts, does not.
 
 #: Entry-point name, as listed in ``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS``.
 INSTRUMENTATION_NAME = "dask"
@@ -39,6 +42,8 @@ def activate(role: str, server: Any = None) -> Settings | None:
     ``server`` is the scheduler or worker dask-otel is about to instrument. Invalid
     ``otel.*`` settings: see the module's docstring.
     """
+    from dask_otel.config import ConfigError, load_settings
+
     if disabled_by_environment():
         return None
     try:
@@ -83,6 +88,8 @@ def bridge_logs(settings: Settings) -> None:
 def settings_problem() -> str | None:
     """What is wrong with this process's ``otel.*`` settings, if anything (``client.run``
     asks the cluster's processes before :func:`dask_otel.instrument` adds its plugins)."""
+    from dask_otel.config import ConfigError, load_settings
+
     try:
         load_settings()
     except ConfigError as e:
@@ -93,6 +100,8 @@ def settings_problem() -> str | None:
 def check_settings(role: str, server: Any) -> None:
     """Apply the rule for invalid settings before dask-otel's plugin is added to
     ``server`` (Dask logs whatever a worker plugin's setup raises, with its traceback)."""
+    from dask_otel.config import ConfigError, load_settings
+
     if not disabled_by_environment():
         try:
             load_settings()
@@ -105,6 +114,8 @@ def _invalid(role: str, server: Any, error: ConfigError) -> None:
     if role == "client":
         say_once(f"{error}. This client runs untraced.")
         return None
+    from distributed.core import Status
+
     if server is not None and server.status == Status.running:
         say_once(f"{error}. This {role} runs on, untraced.")
         return None
@@ -128,6 +139,8 @@ def refuse_invalid_settings() -> None:
     role = _dask_command()
     if role is None or disabled_by_environment() or _servers_running():
         return
+    from dask_otel.config import ConfigError, load_settings
+
     try:
         load_settings()
     except ConfigError as e:

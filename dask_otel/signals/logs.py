@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import weakref
 from collections import Counter
 from time import monotonic
 from typing import Any
 
-from distributed.worker import thread_state
 from opentelemetry._logs import LoggerProvider, LogRecord
 from opentelemetry.instrumentation.logging.handler import LoggingHandler
 
@@ -178,10 +178,13 @@ class DaskRecordFilter(logging.Filter):
             return False
         fields = record.__dict__
         fields.update(identity)
-        key = getattr(thread_state, "key", None)  # set while a task runs in this thread
+        # Set while a task runs in this thread (the bridge starts with dask's import,
+        # before distributed's: it must not import it).
+        task = getattr(sys.modules.get("distributed.worker"), "thread_state", None)
+        key = getattr(task, "key", None)
         if key is not None:
             fields["dask.task.key"] = ids.cap(ids.key_to_str(key), self.max_length)
-            worker = getattr(thread_state, "execution_state", {}).get("worker")
+            worker = getattr(task, "execution_state", {}).get("worker")
             if worker is not None:
                 fields["dask.worker.address"] = worker.address
         if _is_compute_failed(record):
