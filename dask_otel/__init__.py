@@ -96,10 +96,10 @@ class DaskInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
 
 def _bridge_logs_from_the_start() -> None:
-    """Export log records from now on, if the instrumentor is still on."""
+    """Export log records from now on, unless the instrumentor was turned off since."""
     from dask_otel.config import ConfigError, load_settings
 
-    if DaskInstrumentor().is_instrumented_by_opentelemetry:
+    if hooks.is_installed():
         with contextlib.suppress(ConfigError):  # said when a Dask object activates
             settings = load_settings()
             if settings.enabled:

@@ -53,6 +53,12 @@ def install() -> None:
     when_imported("distributed", _apply)
 
 
+def is_installed() -> bool:
+    """Whether :func:`install` was called, and :func:`uninstall` not since (hooks that
+    run at once are called before the instrumentor counts as instrumented)."""
+    return _wanted
+
+
 def _apply() -> None:
     global _applied
     if _wanted and not _applied:  # install, uninstall, install before the import: once

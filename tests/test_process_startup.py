@@ -213,3 +213,26 @@ def test_a_hook_that_fails_never_fails_the_import(tmp_path, monkeypatch, caplog)
     [record] = caplog.records
     assert record.getMessage() == "dask-otel could not hook into startup_probe_module"
     assert "probe: broken hook" in str(record.exc_info[1])
+
+
+#: What opentelemetry-instrument does, once dask is imported: as in ``dask scheduler``,
+#: whose instrumentor imports distributed to check the Dask command's settings.
+DASK_FIRST = """\
+import logging
+import dask
+from dask_otel import DaskInstrumentor
+from dask_otel.distro.sdk import DaskOtelConfigurator
+
+DaskOtelConfigurator().configure()
+DaskInstrumentor().instrument()
+logging.getLogger("probe").warning("before any Dask object")
+"""
+
+
+def test_records_are_exported_from_the_start_when_dask_came_first(
+    receiver: OTLPReceiver,
+) -> None:
+    python(receiver, DASK_FIRST)
+    receiver.wait_for(
+        lambda rx: any(r["body"] == "before any Dask object" for r in rx.log_records())
+    )
