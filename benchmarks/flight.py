@@ -45,7 +45,7 @@ from overhead import (
 )
 
 import dask_otel
-from dask_otel.distro import sdk
+from dask_otel.distro import compact_spans, mirror
 from dask_otel.signals import flight
 
 
@@ -56,7 +56,7 @@ def _median(values: list[float]) -> str:
 def micro(rounds: int, calls: int) -> None:
     provider = TracerProvider()
     tracer = provider.get_tracer("dask_otel", "0")
-    shared = sdk._SharedObjects()
+    shared = compact_spans.SharedObjects()
     span = tracer.start_span(
         "execute inc",
         attributes={
@@ -70,7 +70,7 @@ def micro(rounds: int, calls: int) -> None:
     )
     span.set_attribute("thread.id", 140234)
     span.end()
-    values = sdk.compact(span, shared)  # type: ignore[arg-type]
+    values = compact_spans.compact(span, shared)  # type: ignore[arg-type]
     record = ReadWriteLogRecord(
         LogRecord(
             timestamp=time.time_ns(),
@@ -89,7 +89,7 @@ def micro(rounds: int, calls: int) -> None:
                 recorder.span(values, span.resource, span.instrumentation_scope)
 
         def copy_log() -> None:
-            values = sdk.compact_log(record.log_record)
+            values = mirror.compact_log(record.log_record)
             with recorder.lock:
                 recorder.log(values, record.resource, record.instrumentation_scope)
 

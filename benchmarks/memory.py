@@ -49,7 +49,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 import dask_otel
-from dask_otel.distro import sdk
+from dask_otel.distro import processors
 from dask_otel.spans import emitter, ids
 
 DASK_OTEL = tracemalloc.Filter(True, "*/dask_otel/*")
@@ -195,7 +195,7 @@ def main() -> None:
     args = parser.parse_args()
 
     provider = TracerProvider()
-    provider.add_span_processor(sdk.span_processor(DiscardingExporter()))
+    provider.add_span_processor(processors.span_processor(DiscardingExporter()))
     logger_provider = LoggerProvider()
     logger_provider.add_log_record_processor(BatchLogRecordProcessor(DiscardingLogExporter()))
     meter_provider = MeterProvider()

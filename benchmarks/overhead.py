@@ -60,7 +60,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 import dask_otel
-from dask_otel.distro import sdk
+from dask_otel.distro import processors, sdk
 
 
 class DiscardingExporter(SpanExporter):
@@ -433,10 +433,10 @@ def _variable(key: str) -> str:
 #: BatchSpanProcessor, and dask-otel's with one lever off: spans through the API
 #: (``start_span``) instead of written as tuples, or encoded by the SDK's OTLP encoder.
 PROCESSORS = {
-    "dask-otel": (TracerProvider, sdk.span_processor),
+    "dask-otel": (TracerProvider, processors.span_processor),
     "sdk": (TracerProvider, BatchSpanProcessor),
-    "api-path": (ApiPathTracerProvider, sdk.span_processor),
-    "sdk-encoding": (TracerProvider, sdk.span_processor),
+    "api-path": (ApiPathTracerProvider, processors.span_processor),
+    "sdk-encoding": (TracerProvider, processors.span_processor),
 }
 
 

@@ -22,7 +22,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from dask_otel.distro import otlp, sanitize, sdk
+from dask_otel.distro import compact_spans, otlp, processors, sanitize, written
 
 PARENT = trace.SpanContext(0x1234, 0x5678, False, trace.TraceFlags(trace.TraceFlags.SAMPLED))
 LINKS = [
@@ -87,15 +87,15 @@ def main() -> None:
 
     build()
     span = kept.span
-    shared = sdk._SharedObjects()
-    values = sdk.compact(span, shared)
+    shared = compact_spans.SharedObjects()
+    values = compact_spans.compact(span, shared)
     batch = [span] * 512
 
     # Lever (c): the same span written straight as the tuple dask-otel's processor queues.
-    queued = sdk.span_processor(Discarding())
+    queued = processors.span_processor(Discarding())
     direct = TracerProvider()
     direct.add_span_processor(queued)
-    writer = sdk.span_writer(direct.get_tracer("dask_otel"))
+    writer = written.span_writer(direct.get_tracer("dask_otel"))
 
     def write(attributes: dict = ATTRIBUTES, event: dict = EVENT) -> None:
         kind = trace.SpanKind.INTERNAL
@@ -118,10 +118,10 @@ def main() -> None:
     steps = {
         "start_span, add_event, end (the SDK's span)": lambda: per_call(build, args.spans),
         "compact (queued by dask-otel's processor)": lambda: per_call(
-            lambda: sdk.compact(span, shared), args.spans
+            lambda: compact_spans.compact(span, shared), args.spans
         ),
         "rebuild (for the exporter)": lambda: per_call(
-            lambda: sdk.rebuild(values, shared), args.spans
+            lambda: compact_spans.rebuild(values, shared), args.spans
         ),
         "check before export (sanitize, batches of 512)": lambda: per_call(
             lambda: list(sanitize.requests(tuples, spans)), max(1, args.spans // 512), 512

@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Status, StatusCode
 
-from dask_otel.distro import sdk
+from dask_otel.distro.written import span_writer
 from dask_otel.spans import ids
 from dask_otel.spans.emitter import SpanEmitter
 from dask_otel.spans.records import MAX_CALLS, DeferredSpan, EndedSpans
@@ -133,7 +133,7 @@ def ended_spans() -> tuple[EndedSpans, SpanEmitter, InMemorySpanExporter]:
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     emitter = SpanEmitter("test-ended-spans")
     tracer = provider.get_tracer("test")
-    spans = EndedSpans(tracer, emitter, limit=64, writer=sdk.span_writer(tracer))
+    spans = EndedSpans(tracer, emitter, limit=64, writer=span_writer(tracer))
     return spans, emitter, exporter
 
 
@@ -226,7 +226,7 @@ def written_and_started(limits=None, processor=None):
         emitter = SpanEmitter("test-written")
         tracer = provider.get_tracer("test", "1.0")
         tracer = tracer if direct else AnotherTracer(tracer)
-        spans = EndedSpans(tracer, emitter, limit=64, writer=sdk.span_writer(tracer))
+        spans = EndedSpans(tracer, emitter, limit=64, writer=span_writer(tracer))
         assert spans.direct is direct
         current = DeferredSpan(PARENT)
         current.set_attribute("user.rows", 3)
@@ -284,7 +284,7 @@ def test_a_written_span_keeps_the_sdks_limits():
 
 
 def test_with_dask_otels_processor_alone_the_tuple_is_queued_directly():
-    from dask_otel.distro import sdk
+    from dask_otel.distro import processors
 
-    written, started = written_and_started(processor=sdk.span_processor)
+    written, started = written_and_started(processor=processors.span_processor)
     assert fields(written) == fields(started)

@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from dask_otel import runtime
-from dask_otel.distro import sdk
+from dask_otel.distro import drops, processors
 
 
 class FailingExporter(SpanExporter):
@@ -47,10 +47,10 @@ class FailingExporter(SpanExporter):
 def fresh_warning():
     """Let this test's losses be reported as if for the first time in the process."""
     keys = {"dropped traces", "dropped logs"}
-    sdk._warned.difference_update(keys)
+    drops.warned.difference_update(keys)
     runtime._reported.difference_update(keys)
     yield
-    sdk._warned.difference_update(keys)
+    drops.warned.difference_update(keys)
     runtime._reported.difference_update(keys)
 
 
@@ -60,14 +60,14 @@ def test_full_queue_and_failed_export_are_counted_and_said_once(monkeypatch, cap
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "60000")
     exporter = FailingExporter()
     provider = TracerProvider()
-    provider.add_span_processor(sdk.span_processor(exporter))
+    provider.add_span_processor(processors.span_processor(exporter))
     tracer = provider.get_tracer("test")
-    before = sdk.dropped()
+    before = drops.dropped()
     try:
         for _ in range(10):  # a full batch: the processor's thread takes it and blocks
             tracer.start_span("first").end()
         assert exporter.entered.wait(30)
-        with caplog.at_level(logging.WARNING, logger="dask_otel.distro.sdk"):
+        with caplog.at_level(logging.WARNING, logger="dask_otel.distro.drops"):
             for _ in range(25):  # 10 fill the queue again, 15 find it full
                 tracer.start_span("second").end()
             exporter.release.set()  # the first batch fails, then the queued one
@@ -79,10 +79,10 @@ def test_full_queue_and_failed_export_are_counted_and_said_once(monkeypatch, cap
         exporter.release.set()
         provider.shutdown()
 
-    lost = {k: v - before.get(k, 0) for k, v in sdk.dropped().items() if v != before.get(k)}
+    lost = {k: v - before.get(k, 0) for k, v in drops.dropped().items() if v != before.get(k)}
     assert lost == {("traces", "queue_full"): 15, ("traces", "export_failed"): 10 + 10 + 5}
     assert exporter.batches == [10, 10, 5]
-    warnings = [r for r in caplog.records if r.name == "dask_otel.distro.sdk"]
+    warnings = [r for r in caplog.records if r.name == "dask_otel.distro.drops"]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
     message = warnings[0].getMessage()
     assert message.startswith("dask-otel: spans lost: ")
@@ -104,7 +104,7 @@ from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.sdk._logs import LogRecordProcessor
 
 import dask_otel
-from dask_otel.distro import sdk
+from dask_otel.distro import drops, processors, sdk
 from distributed import Client, LocalCluster
 
 
@@ -143,7 +143,7 @@ deadline = time.monotonic() + 60
 while time.monotonic() < deadline:
     trace.get_tracer_provider().force_flush()
     _logs.get_logger_provider().force_flush()
-    lost = sdk.dropped()
+    lost = drops.dropped()
     if (lost.get(("traces", "export_failed")), lost.get(("logs", "export_failed"))) == (
         Ended.count, Emitted.count
     ):
@@ -153,7 +153,7 @@ metrics.get_meter_provider().force_flush()
 print(json.dumps({
     "spans": Ended.count,
     "log_records": Emitted.count,
-    "dropped": {"/".join(k): v for k, v in sdk.dropped().items()},
+    "dropped": {"/".join(k): v for k, v in drops.dropped().items()},
 }), flush=True)
 """
 

@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from dask_otel import runtime as telemetry
-from dask_otel.distro import sdk
+from dask_otel.distro import mirror
 from dask_otel.signals import flight
 from dask_otel.signals.metrics import _disabled
 
@@ -33,7 +33,7 @@ CHILD = textwrap.dedent(
     from pathlib import Path
     from opentelemetry import trace
     from dask_otel.signals import flight, logs
-    from dask_otel.distro import sdk
+    from dask_otel.distro import drops, mirror, sdk
     from dask_otel import runtime as telemetry
 
     path, spans, flushed, records = sys.argv[1], *map(int, sys.argv[2:])
@@ -42,7 +42,7 @@ CHILD = textwrap.dedent(
     assert sdk.configure("worker")
     recorder = flight.FlightRecorder(Path(path), 1 << 20, 16)
     recorder.identify(**{"dask.worker.address": "tcp://worker:1"})
-    assert sdk.mirror(recorder) == {"traces", "logs"}
+    assert mirror.mirror(recorder) == {"traces", "logs"}
     slot = recorder.started("running-1", "running", "00-" + "1" * 32 + "-" + "2" * 16 + "-01", 7, 1)
     done = recorder.started("done-1", "done", None, 8, 2)
     recorder.ended(done)
@@ -58,7 +58,7 @@ CHILD = textwrap.dedent(
         logging.getLogger("child").warning("record %d", i)
     # What the span queue holds as the process dies, taken under the queue's lock while no
     # export is under way (its batch, out of the queue, is not exported yet).
-    queue = sdk._queues[0].export_queue
+    queue = mirror.configured_processors[0].export_queue
     while True:
         queue._lock.acquire()
         if not queue._in_flight:
@@ -66,7 +66,7 @@ CHILD = textwrap.dedent(
         queue._lock.release()
     queued = [values[0] for values in queue._items]
     print("QUEUED", *queued, sep="|", file=sys.stderr, flush=True)
-    print("DROPPED", sdk.dropped().get(("traces", "queue_full"), 0), file=sys.stderr, flush=True)
+    print("DROPPED", drops.dropped().get(("traces", "queue_full"), 0), file=sys.stderr, flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
     """
 )
@@ -96,14 +96,14 @@ def run_child(tmp_path, spans=0, flushed=0, records=0, **env):
 
 
 def recovered(wreck):
-    """What ``sdk.recover`` hands to this process's providers, exported in memory."""
+    """What ``mirror.recover`` hands to this process's providers, exported in memory."""
     spans, records = InMemorySpanExporter(), InMemoryLogRecordExporter()
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
     logger_provider = LoggerProvider()
     logger_provider.add_log_record_processor(SimpleLogRecordProcessor(records))
     providers = telemetry.Providers(tracer_provider, _disabled, logger_provider)
-    handed = sdk.recover(providers, wreck.objects, wreck.unexported_spans, wreck.unexported_logs)
+    handed = mirror.recover(providers, wreck.objects, wreck.unexported_spans, wreck.unexported_logs)
     return handed, spans.get_finished_spans(), [r.log_record for r in records.get_finished_logs()]
 
 

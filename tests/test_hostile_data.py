@@ -29,7 +29,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Link, SpanContext, Status, StatusCode, TraceFlags
 
 from dask_otel import runtime
-from dask_otel.distro import sdk
+from dask_otel.distro import drops, processors
 
 SURROGATE = "cannot parse /data/caf\udce9.csv"
 NUL = "nul\x00byte"
@@ -58,7 +58,9 @@ def spans_to(request, receiver) -> Iterator[tuple[Callable, TracerProvider]]:
     # One batch: every hostile item is exported together with its neighbours. Spans with
     # megabytes in every field hold them until the export cuts them: more than the
     # queue's 16 MiB bound (otel.max-queue-memory, held by tests/test_outage.py) allows.
-    processor = sdk.span_processor(exporter, schedule_delay_millis=60_000, max_queue_memory=2**30)
+    processor = processors.span_processor(
+        exporter, schedule_delay_millis=60_000, max_queue_memory=2**30
+    )
     provider.add_span_processor(processor)
     yield (lambda: processor.force_flush(30_000)), provider
     provider.shutdown()
@@ -122,7 +124,7 @@ def test_a_hostile_string_in_any_span_field_costs_no_other_span(receiver, spans_
 
 
 def failed_exports(signal: str) -> int:
-    return sdk.dropped().get((signal, "export_failed"), 0)
+    return drops.dropped().get((signal, "export_failed"), 0)
 
 
 def test_megabyte_strings_in_every_field_of_many_spans(receiver, spans_to):
@@ -164,8 +166,8 @@ def test_an_item_that_cannot_be_encoded_is_lost_alone(caplog, monkeypatch):
     """A failure no check foresaw (here an exporter that raises on one span, as an
     encoder would): the batch is halved until that span is alone."""
     # Its loss is counted and said in this test only, as if for the first time.
-    monkeypatch.setattr(sdk, "_dropped", Counter())
-    monkeypatch.setattr(sdk, "_warned", set())
+    monkeypatch.setattr(drops, "_dropped", Counter())
+    monkeypatch.setattr(drops, "warned", set())
     monkeypatch.setattr(runtime, "_reported", set())
 
     class Choking(InMemorySpanExporter):
@@ -176,14 +178,14 @@ def test_an_item_that_cannot_be_encoded_is_lost_alone(caplog, monkeypatch):
 
     exporter = Choking()
     provider = TracerProvider()
-    processor = sdk.span_processor(exporter, schedule_delay_millis=60_000)
+    processor = processors.span_processor(exporter, schedule_delay_millis=60_000)
     provider.add_span_processor(processor)
     tracer = provider.get_tracer("user")
     for i in range(NEIGHBOURS):
         tracer.start_span("poison" if i == 37 else f"neighbour {i}").end()
     assert processor.force_flush(30_000)
     assert len(exporter.get_finished_spans()) == NEIGHBOURS - 1
-    assert sdk.dropped() == {("traces", "export_failed"): 1}
+    assert drops.dropped() == {("traces", "export_failed"): 1}
     assert "could not be exported and was dropped alone" in caplog.text
     provider.shutdown()
 
@@ -198,7 +200,7 @@ def logs_to(request, receiver) -> Iterator[tuple[Callable, LoggerProvider]]:
     else:
         exporter = HTTPLogExporter(endpoint=f"{receiver.http_endpoint}/v1/logs")
     provider = LoggerProvider()
-    processor = sdk._log_record_processor(exporter)
+    processor = processors.log_record_processor(exporter)
     provider.add_log_record_processor(processor)
     yield (lambda: processor.force_flush(30_000)), provider
     provider.shutdown()

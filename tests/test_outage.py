@@ -37,7 +37,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from otlp_receiver import UNANSWERED, unanswered
 
 from dask_otel import runtime
-from dask_otel.distro import sdk
+from dask_otel.distro import drops, processors
 
 #: No stop waits for what the collector does not answer: well under this (before, a
 #: 60 s flush timeout let a process wait out its exporters' retries, 10 s a batch).
@@ -223,11 +223,11 @@ def fresh_health(monkeypatch):
     """What other tests in this process saw of their collectors, and lost, does not count
     here; what this test loses is not counted for the others."""
     monkeypatch.setattr(runtime, "health", runtime.ExportHealth())
-    monkeypatch.setattr(sdk, "_dropped", Counter())
+    monkeypatch.setattr(drops, "_dropped", Counter())
 
 
 def traced(exporter, **options):
-    processor = sdk.span_processor(exporter, **options)
+    processor = processors.span_processor(exporter, **options)
     provider = TracerProvider()
     provider.add_span_processor(processor)
     return processor, provider.get_tracer("test")
@@ -263,7 +263,7 @@ def test_queue_is_bounded_in_bytes_and_counts_what_it_drops(fresh_health):
         queued = len(processor.export_queue._items)
         assert 0 < processor.export_queue.bytes <= 100_000
         assert 40 < queued < 1000  # about 1.4 kB a span
-        assert sdk.dropped()[("traces", "queue_full")] == 1000 - queued
+        assert drops.dropped()[("traces", "queue_full")] == 1000 - queued
     finally:
         exporter.release.set()
         processor.shutdown()
@@ -409,7 +409,7 @@ def test_queue_memory_setting_reaches_the_configured_processors():
         """
         import json
         from opentelemetry import _logs, trace
-        from dask_otel.distro import sdk
+        from dask_otel.distro import drops, processors, queues, sdk
         sdk.configure("worker")
         (spans,) = trace.get_tracer_provider()._active_span_processor._span_processors
         (logs,) = _logs.get_logger_provider()._multi_log_record_processor._log_record_processors
@@ -433,7 +433,7 @@ def test_a_worker_keeps_no_more_than_its_queue_memory_while_the_collector_is_dow
         import json, operator
         from distributed import Client, LocalCluster
         import dask_otel
-        from dask_otel.distro import sdk
+        from dask_otel.distro import drops, processors, queues, sdk
         dask_otel.instrument()
         with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
                           dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
@@ -442,8 +442,8 @@ def test_a_worker_keeps_no_more_than_its_queue_memory_while_the_collector_is_dow
                     f"add{i}-{j}" for j in range(500)])
                 client.gather(futures)
                 del futures
-            queued = [q.bytes for q in list(sdk._export_queues) if q.signal == "traces"]
-            print(json.dumps({"queued": queued, "dropped": sdk.dropped().get(
+            queued = [q.bytes for q in list(queues.export_queues) if q.signal == "traces"]
+            print(json.dumps({"queued": queued, "dropped": drops.dropped().get(
                 ("traces", "queue_full"), 0)}), flush=True)
         """
     )

@@ -37,7 +37,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 from otlp_receiver import OTLPReceiver, _LogsServicer, _MetricsServicer, _TraceServicer
 
-from dask_otel.distro import sdk
+from dask_otel.distro import processors
 
 SECRET = "SECRET-MSG-4711"
 TOKEN = "s3cr3t"
@@ -200,9 +200,9 @@ def test_spans_and_records_a_task_makes_itself_are_redacted_on_export(telemetry,
     dask-otel configures it: their exception text is redacted too."""
     spans, records = InMemorySpanExporter(), InMemoryLogRecordExporter()
     tracer_provider, logger_provider = TracerProvider(), LoggerProvider()
-    span_processor = sdk.span_processor(spans)
+    span_processor = processors.span_processor(spans)
     tracer_provider.add_span_processor(span_processor)
-    log_processor = sdk._log_record_processor(records)
+    log_processor = processors.log_record_processor(records)
     logger_provider.add_log_record_processor(log_processor)
     monkeypatch.setattr(sys.modules[__name__], "user_tracer", tracer_provider.get_tracer("user"))
     with (

@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.span import TraceState
 
-from dask_otel.distro import sdk
+from dask_otel.distro import processors
 
 
 class Keeping(SpanExporter):
@@ -97,7 +97,7 @@ def exported(processor) -> list:
 
 def test_exporter_receives_the_spans_the_sdk_made():
     plain = exported(SimpleSpanProcessor)
-    queued = exported(sdk.span_processor)
+    queued = exported(processors.span_processor)
     assert [s.name for s in queued] == [s.name for s in plain] == ["child", "root", "remote child"]
     child = queued[0]
     assert child.dropped_attributes == plain[0].dropped_attributes > 0
@@ -112,7 +112,7 @@ def test_exporter_receives_the_spans_the_sdk_made():
 
 def test_queued_spans_hold_no_objects_the_collector_tracks():
     exporter = Keeping()
-    processor = sdk.span_processor(exporter)
+    processor = processors.span_processor(exporter)
     provider = TracerProvider()
     provider.add_span_processor(processor)
     tracer = provider.get_tracer("test")
@@ -147,7 +147,7 @@ class ReadOnlyAttributes(Mapping):
 
 def test_a_span_the_sdk_did_not_make_is_queued_too():
     exporter = Keeping()
-    processor = sdk.span_processor(exporter)
+    processor = processors.span_processor(exporter)
     sampled = SpanContext(1, 2, is_remote=False, trace_flags=TraceFlags(1))
     processor.on_end(ReadableSpan("by hand", context=sampled, attributes=ReadOnlyAttributes(k="v")))
     processor.force_flush()
@@ -159,14 +159,14 @@ def test_a_span_the_sdk_did_not_make_is_queued_too():
 def test_unsampled_spans_are_not_queued():
     exporter = Keeping()
     provider = TracerProvider(sampler=ALWAYS_OFF)
-    provider.add_span_processor(sdk.span_processor(exporter))
+    provider.add_span_processor(processors.span_processor(exporter))
     provider.get_tracer("test").start_span("dropped").end()
     provider.shutdown()
     assert exporter.spans == []
 
 
 def test_batch_options_pass_through():
-    processor = sdk.span_processor(Keeping(), max_queue_size=7, max_export_batch_size=3)
+    processor = processors.span_processor(Keeping(), max_queue_size=7, max_export_batch_size=3)
     try:
         assert processor.export_queue.limits.max_items == 7
         assert processor.export_queue.limits.batch == 3

@@ -3,11 +3,12 @@
 The OTLP exporters encode each span by building protobuf message objects attribute by
 attribute (``opentelemetry.exporter.otlp.proto.common``): ~50 us of Python per span on
 the GIL of the process whose spans they are, more than building the span. dask-otel's
-span processor queues spans as tuples of plain values (:func:`dask_otel.sdk.compact`);
-this module writes the protobuf wire format of an ``ExportTraceServiceRequest`` from
-those tuples directly, caching what repeats from span to span (attribute keys, the
-attributes every span of a worker carries, resources and scopes). The bytes are the
-same message the SDK's encoder builds: the tests compare them field by field.
+span processor queues spans as tuples of plain values
+(:func:`dask_otel.distro.compact_spans.compact`); this module writes the protobuf wire
+format of an ``ExportTraceServiceRequest`` from those tuples directly, caching what
+repeats from span to span (attribute keys, the attributes every span of a worker
+carries, resources and scopes). The bytes are the same message the SDK's encoder
+builds: the tests compare them field by field.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import struct
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-#: A queued span (see :func:`dask_otel.sdk.compact`).
+#: A queued span (see :func:`dask_otel.distro.compact_spans.compact`).
 CompactSpan = tuple
 
 _pack_fixed64 = struct.Struct("<Q").pack

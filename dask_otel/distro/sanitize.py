@@ -16,7 +16,7 @@ that needs it is copied: U+FFFD for each lone surrogate, the ``repr`` of a value
 cannot carry, and, for an item too large for a request of its own, its strings cut
 (:data:`CUTS`). A batch whose strings add up to more than :data:`REQUEST_BYTES` leaves in
 several requests (and if encoding raises all the same, the exporter halves it until the
-failing item is alone: ``sdk._CountingExporter``). With
+failing item is alone: ``processors.CountingExporter``). With
 ``otel.redact.exception-messages`` the same pass redacts the exception events and ERROR
 descriptions of spans that dask-otel did not make (your own spans inside tasks, other
 libraries' instrumentation) and the ``exception.*`` attributes of every log record.
@@ -169,7 +169,8 @@ class Cleaner:
 
 
 class Spans:
-    """Spans as dask-otel's processor queues them (:func:`dask_otel.distro.sdk.compact`)."""
+    """Spans as dask-otel's processor queues them
+    (:func:`dask_otel.distro.compact_spans.compact`)."""
 
     NAME, SCOPE, ATTRIBUTES, EVENTS, LINKS, CODE, DESCRIPTION = 0, 8, 10, 11, 12, 13, 14
 

@@ -323,9 +323,9 @@ class WorkerWatch:
         with contextlib.suppress(OSError):
             claimed.unlink()
         if wreck is not None:
-            from dask_otel.distro import sdk
+            from dask_otel.distro import mirror
 
-            sdk.recover(
+            mirror.recover(
                 self.providers, wreck.objects, wreck.unexported_spans, wreck.unexported_logs
             )
         return wreck

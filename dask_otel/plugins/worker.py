@@ -425,9 +425,9 @@ class ExecuteTracer(_InstancePatch):
         #: Where the attempts in progress are noted for this worker's Nanny, if any.
         self.recorder = flight.open_for(worker, settings.flight_recorder_size)
         if self.recorder is not None:
-            from dask_otel.distro import sdk  # imports the SDK: not at import time
+            from dask_otel.distro import mirror  # imports the SDK: not at import time
 
-            sdk.mirror(self.recorder)  # this process's export queues, copied to it
+            mirror.mirror(self.recorder)  # this process's export queues, copied to it
 
     async def execute(self, key: Any, *, stimulus_id: str) -> Any:
         ts = self.worker.state.tasks.get(key)
@@ -674,9 +674,9 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
         closing = self._tracer.spans.emitter
         attributes = self._tracer.static_attributes
         if self._tracer.recorder is not None:
-            from dask_otel.distro import sdk
+            from dask_otel.distro import mirror
 
-            sdk.mirror(None)
+            mirror.mirror(None)
             self._tracer.recorder.close()  # closed normally: its recorder is deleted
         self._tracer = None
         self._identity.cancel()

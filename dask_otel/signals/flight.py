@@ -375,11 +375,12 @@ class FlightRecorder:
     # -- telemetry (under self.lock, with the export queue's append) ---------------------
 
     def span(self, values: tuple, resource: Any, scope: Any) -> int | None:
-        """Copy a span as queued for export (:func:`dask_otel.distro.sdk.compact`); its number."""
+        """Copy a span as queued for export
+        (:func:`dask_otel.distro.compact_spans.compact`); its number."""
         return self._copy(self.spans, resource, scope, values)
 
     def log(self, values: tuple, resource: Any, scope: Any) -> int | None:
-        """Copy a log record as queued for export (:func:`dask_otel.distro.sdk.compact_log`)."""
+        """Copy a log record as queued for export (:func:`dask_otel.distro.mirror.compact_log`)."""
         return self._copy(self.logs, resource, scope, values)
 
     def _copy(self, ring: Ring, resource: Any, scope: Any, values: tuple) -> int | None:
@@ -499,7 +500,7 @@ def recorders(folder: Path) -> Iterator[tuple[int, Path]]:
 
 def open_for(worker: Any, size: int) -> FlightRecorder | None:
     """A flight recorder for ``worker`` if its Nanny runs dask-otel (it made the directory),
-    for the worker to copy its export queues to (``dask_otel.distro.sdk.mirror``); None
+    for the worker to copy its export queues to (``dask_otel.distro.mirror.mirror``); None
     otherwise."""
     nanny = getattr(worker, "nanny", None)
     if not size or not isinstance(nanny, str):

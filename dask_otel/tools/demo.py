@@ -241,10 +241,10 @@ def unreachable(endpoint: str) -> str | None:
 def _flush_and_count() -> tuple[bool, dict[tuple[str, str], int]]:
     """In one process: export what it holds (bounded); whether that finished, and what
     its exporters lost so far by (signal, reason)."""
-    from dask_otel.distro import sdk
+    from dask_otel.distro import drops
 
     finished = runtime.flush(runtime.current(), FLUSH_TIMEOUT)
-    return finished, sdk.dropped()
+    return finished, drops.dropped()
 
 
 async def _flush_and_count_off_loop() -> tuple[bool, dict[tuple[str, str], int]]:

@@ -1,0 +1,407 @@
+"""dask-otel's export queues: spans and log records queued for one daemon thread that
+exports them in batches.
+
+As the SDK's batch processors do, with three differences: the queue is bounded in
+(estimated) bytes as well as in items, so that a collector that is down does not grow a
+worker by tens of megabytes of unmanaged memory that Dask's spill and pause decisions
+then act on; a flush waits no longer than its timeout and than the collector keeps
+taking batches (runtime.health), instead of exporting the whole queue in the caller's
+thread however long the exporter retries; and what is still queued when the process
+exits is counted and said.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry.context import (
+    _SUPPRESS_INSTRUMENTATION_KEY,
+    attach,
+    detach,
+    set_value,
+)
+from opentelemetry.sdk.metrics.export import MetricExportResult
+
+from dask_otel import runtime
+from dask_otel.distro.compact_spans import CompactSpan
+from dask_otel.distro.drops import NOUNS, count_dropped, warn_dropped
+from dask_otel.runtime import report_once, start_daemon
+
+logger = logging.getLogger(__name__)
+
+
+#: Estimated bytes of one queued span or log record: a fixed part, a part per attribute,
+#: event and link, plus the characters of its strings (measured with tracemalloc on the
+#: spans and records of a Dask run; see ``tests/test_span_queue.py``).
+_SPAN_BYTES, _LOG_BYTES, _ATTRIBUTE_BYTES, _EVENT_BYTES, _LINK_BYTES = 450, 900, 60, 250, 350
+
+#: Per signal: the prefix of its ``OTEL_*`` batch variables, and the SDK's defaults.
+_BATCH_VARIABLES = {"traces": "OTEL_BSP_", "logs": "OTEL_BLRP_"}
+_BATCH_DEFAULTS = {
+    "traces": {"max_queue_size": 2048, "max_export_batch_size": 512, "schedule_delay_millis": 5000},
+    "logs": {"max_queue_size": 2048, "max_export_batch_size": 512, "schedule_delay_millis": 1000},
+}
+#: The variable (after its prefix) of each option.
+_BATCH_OPTIONS = {
+    "max_queue_size": "MAX_QUEUE_SIZE",
+    "max_export_batch_size": "MAX_EXPORT_BATCH_SIZE",
+    "schedule_delay_millis": "SCHEDULE_DELAY",
+}
+
+
+def _strings(attributes: Any) -> int:
+    """Characters of the string values in ``attributes`` (keys are mostly shared)."""
+    if not attributes:
+        return 0
+    return sum(len(v) for v in attributes.values() if v.__class__ is str)
+
+
+def span_size(values: CompactSpan) -> int:
+    """Estimated bytes a queued span holds (see :func:`compact`)."""
+    attributes, events, links = values[10], values[11], values[12]
+    size = _SPAN_BYTES + len(values[0]) + _strings(attributes)
+    size += _ATTRIBUTE_BYTES * len(attributes or ())
+    for _, _, event_attributes in events:
+        size += _EVENT_BYTES + _ATTRIBUTE_BYTES * len(event_attributes or ())
+        size += _strings(event_attributes)
+    return size + _LINK_BYTES * len(links)
+
+
+def log_size(record: Any) -> int:
+    """Estimated bytes a queued log record holds."""
+    log = record.log_record
+    body = log.body
+    if body.__class__ is str:
+        size = _LOG_BYTES + len(body)
+    elif isinstance(body, dict):  # an event record: Dask's own message
+        size = _LOG_BYTES + _ATTRIBUTE_BYTES * len(body) + _strings(body)
+    else:
+        size = _LOG_BYTES + _ATTRIBUTE_BYTES
+    attributes = log.attributes
+    return size + _ATTRIBUTE_BYTES * len(attributes or ()) + _strings(attributes)
+
+
+@dataclass(frozen=True)
+class QueueLimits:
+    """How much an :class:`ExportQueue` holds, and how it batches."""
+
+    max_items: int
+    max_bytes: int
+    batch: int
+    delay: float  #: seconds between scheduled exports
+
+
+def queue_limits(signal: str, max_bytes: int | None, **options: Any) -> QueueLimits:
+    """``options`` (``max_queue_size``, ``max_export_batch_size``,
+    ``schedule_delay_millis``), else the ``OTEL_BSP_*``/``OTEL_BLRP_*`` variables, else the
+    SDK's defaults; ``max_bytes``, else ``otel.max-queue-memory``."""
+    unknown = set(options) - set(_BATCH_OPTIONS) - {"export_timeout_millis"}
+    if unknown:
+        raise TypeError(f"unknown batch processor options: {sorted(unknown)}")
+    values = {
+        name: _env_int(_BATCH_VARIABLES[signal] + variable, _BATCH_DEFAULTS[signal][name])
+        if options.get(name) is None
+        else options[name]
+        for name, variable in _BATCH_OPTIONS.items()
+    }
+    size, batch, delay = values.values()
+    if min(size, batch, delay) <= 0 or batch > size:
+        raise ValueError(
+            f"{signal} batch settings must be positive, the batch no larger than the queue: "
+            f"{values}"
+        )
+    if max_bytes is None:
+        max_bytes = _queue_memory()
+    return QueueLimits(size, max_bytes, batch, delay / 1000)
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None or not value.strip():
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        report_once(
+            logger, name, "dask-otel: %s must be an integer, got %r; using %d", name, value, default
+        )
+        return default
+
+
+def _queue_memory() -> int:
+    """``otel.max-queue-memory`` (its default if the ``otel`` config is invalid: that is
+    said where dask-otel activates)."""
+    from dask_otel.config import ConfigError, load_settings
+
+    try:
+        return load_settings().max_queue_memory
+    except ConfigError:
+        return DEFAULT_QUEUE_MEMORY
+
+
+#: ``otel.max-queue-memory``'s default, also in ``otel.yaml``.
+DEFAULT_QUEUE_MEMORY = 16 * 2**20
+
+
+class ExportQueue:
+    """Spans or log records waiting for export, and the daemon thread that exports them.
+
+    Bounded in items and in estimated bytes: an item that does not fit is dropped (and
+    counted, ``queue_full``); the queue keeps the older ones. The thread exports a batch
+    when one is full, every ``delay`` seconds, and at once for a :meth:`flush`.
+    """
+
+    def __init__(
+        self,
+        exporter: Any,
+        signal: str,
+        limits: QueueLimits,
+        size: Callable[[Any], int],
+    ) -> None:
+        self.exporter = exporter
+        self.signal = signal
+        self.limits = limits
+        self._size = size
+        self._items: deque[Any] = deque()
+        self._sizes: deque[int] = deque()
+        #: Estimated bytes queued, items ever accepted, items whose export has returned,
+        #: and items in the export under way.
+        self.bytes = 0
+        self._accepted = 0
+        self._done = 0
+        self._in_flight = 0
+        #: Flushes want every item accepted up to this number exported now.
+        self._wanted = 0
+        self._closed = False  #: accepts nothing more; exports what it holds, then stops
+        self._stopped = False  #: takes no more batches (shutdown gave up waiting)
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        # Started now, as the SDK's are: a thread that first appears while Dask runs
+        # looks leaked to whoever compares threads before and after (distributed's tests).
+        self._thread: threading.Thread | None = None
+        self._start()
+        runtime.health.watched = True
+        export_queues.add(self)
+
+    def put(self, item: Any) -> bool:
+        """Queue ``item`` unless it does not fit (counted as dropped); never blocks."""
+        size = self._size(item)
+        with self._lock:
+            if self._closed:
+                reason = "already_shutdown"
+            elif (
+                len(self._items) >= self.limits.max_items
+                or self.bytes + size > self.limits.max_bytes
+            ):
+                reason = "queue_full"
+            else:
+                self._items.append(item)
+                self._sizes.append(size)
+                self.bytes += size
+                self._accepted += 1
+                if len(self._items) >= self.limits.batch:
+                    self._changed.notify()
+                if self._thread is None:
+                    self._start()
+                return True
+        count_dropped(self.signal, reason, 1)
+        return False
+
+    def flush(self, timeout: float) -> bool:
+        """Export everything queued so far; wait at most ``timeout`` seconds, and no longer
+        than the collector keeps taking batches. True if all was exported (or failed)."""
+        with self._lock:
+            target = self._accepted
+            self._wanted = max(self._wanted, target)
+            self._changed.notify_all()
+            if self._thread is None and self._items:
+                self._start()
+        return self._wait(target, timeout)
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Export what is queued (waiting as :meth:`flush` does), then shut the exporter down."""
+        with self._lock:
+            self._closed = True
+            target = self._accepted
+            self._changed.notify_all()
+            if self._thread is None and self._items:
+                self._start()
+        self._wait(target, timeout)
+        self.stop()
+
+    def stop(self) -> None:
+        """Take no more batches and shut the exporter down, which aborts the OTLP
+        exporters' retries and open requests (else the interpreter's exit waits for them).
+        What is left stays queued: the exit counts it as not exported."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = self._closed = True
+            self._changed.notify_all()
+        warn_dropped(self.signal)
+        try:
+            self.exporter.shutdown()
+        except Exception:
+            logger.debug("dask-otel: %s exporter shutdown failed", self.signal, exc_info=True)
+
+    def _wait(self, target: int, timeout: float) -> bool:
+        started = time.monotonic()
+        deadline = started + timeout
+        patience = runtime.health.patience()
+        with self._lock:
+            while self._done < target:
+                stop = min(deadline, runtime.health.give_up_at(started, patience))
+                remaining = stop - time.monotonic()
+                if remaining <= 0:
+                    runtime.health.gave_up()
+                    return False
+                self._changed.wait(remaining)
+        return True
+
+    def _start(self) -> None:
+        """Start the exporting thread (the lock held, or not yet shared); if the
+        interpreter cannot, say so once and keep the items for the next ``put`` to try
+        again."""
+        name = f"dask-otel-export-{self.signal}"
+        self._thread = start_daemon(logger, self._run, name, f"exporting {NOUNS[self.signal]}")
+
+    def _run(self) -> None:
+        while True:
+            batch = self._next_batch()
+            if batch is None:
+                return
+            self._export(batch)
+
+    def _next_batch(self) -> list[Any] | None:
+        """Wait until a batch is due (full, flushed, scheduled or closing) and take it;
+        None once closed and empty, or stopped."""
+        limits = self.limits
+        due = time.monotonic() + limits.delay
+        with self._lock:
+            while not self._stopped:
+                items = len(self._items)
+                if items >= limits.batch or (
+                    items and (self._closed or self._wanted > self._done or time.monotonic() >= due)
+                ):
+                    count = min(limits.batch, items)
+                    batch = [self._items.popleft() for _ in range(count)]
+                    self.bytes -= sum(self._sizes.popleft() for _ in range(count))
+                    self._in_flight = count
+                    return batch
+                if self._closed:
+                    break
+                if not items:
+                    due = time.monotonic() + limits.delay
+                self._changed.wait(max(0.0, due - time.monotonic()))
+            self._thread = None
+            return None
+
+    def _export(self, batch: list[Any]) -> None:
+        warn_dropped(self.signal)  # queue drops since the last batch
+        token = attach(set_value(_SUPPRESS_INSTRUMENTATION_KEY, True))
+        runtime.health.started()
+        lost = len(batch)
+        try:
+            self.exporter.export(batch)
+            lost = self.exporter.lost
+        except Exception:
+            report_once(
+                logger,
+                f"export raised {self.signal}",
+                "dask-otel: exporting %s raised; the batch is lost (said once)",
+                NOUNS[self.signal],
+            )
+        finally:
+            runtime.health.finished(lost < len(batch))  # the collector took some
+            detach(token)
+        with self._lock:  # counted and no longer in flight at once (see _say_loss)
+            if lost:
+                count_dropped(self.signal, "export_failed", lost)
+            self._done += len(batch)
+            self._in_flight = 0
+            self._changed.notify_all()
+        if lost:
+            warn_dropped(self.signal)
+
+    def _forget_parent(self) -> None:
+        """In a forked child: what the parent queued is the parent's to export, and the
+        parent's thread is not here."""
+        self._items.clear()
+        self._sizes.clear()
+        self.bytes = self._in_flight = 0
+        self._accepted = self._done = self._wanted = 0
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._thread = None
+        if not self._stopped:
+            self._start()
+
+
+class _WatchedMetricExporter:
+    """A metric reader's exporter whose exports ``runtime.health`` hears of (a Nanny's
+    process exports metrics only), and which the exit stops as it stops the queues."""
+
+    def __init__(self, exporter: Any) -> None:
+        self._exporter = exporter
+        self._stopped = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._exporter, name)
+
+    def export(self, *args: Any, **kwargs: Any) -> Any:
+        if self._stopped:  # the reader's last collection, after the exit stopped this
+            return MetricExportResult.FAILURE
+        runtime.health.started()
+        ok = False
+        try:
+            result = self._exporter.export(*args, **kwargs)
+            ok = getattr(result, "name", "SUCCESS") == "SUCCESS"
+            return result
+        finally:
+            runtime.health.finished(ok)
+
+    def shutdown(self, *args: Any, **kwargs: Any) -> None:
+        if not self._stopped:
+            self._stopped = True
+            self._exporter.shutdown(*args, **kwargs)
+
+    def stop(self) -> None:
+        try:
+            self.shutdown()
+        except Exception:
+            logger.debug("dask-otel: metric exporter shutdown failed", exc_info=True)
+
+
+#: The metric readers' exporters of the meter provider dask-otel configured.
+metric_exporters: list[_WatchedMetricExporter] = []
+
+
+def watch_metric_exporters(provider: Any) -> None:
+    """Wrap the exporter of each of ``provider``'s periodic readers (the SDK offers no
+    hook for it: with a reader laid out differently, its exports go unwatched)."""
+    readers = getattr(provider, "_metric_readers", ())
+    for reader in readers:
+        exporter = getattr(reader, "_exporter", None)
+        if exporter is not None and not isinstance(exporter, _WatchedMetricExporter):
+            reader._exporter = watched = _WatchedMetricExporter(exporter)
+            metric_exporters.append(watched)
+
+
+#: Every export queue of this process: forgotten after fork, counted at exit.
+export_queues: weakref.WeakSet[ExportQueue] = weakref.WeakSet()
+
+
+def _forget_parent_queues() -> None:
+    for queue in list(export_queues):
+        queue._forget_parent()
+
+
+os.register_at_fork(after_in_child=_forget_parent_queues)

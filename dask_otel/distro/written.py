@@ -1,0 +1,213 @@
+"""Spans written straight as tuples (lever (c) of issue 18).
+
+dask-otel builds most of its spans after the fact, from times and attributes noted on an
+event loop. Through ``Tracer.start_span`` each costs ~24 us (sampler, id generator,
+context, the SDK span's lock and bookkeeping, the processors' on_start and on_end), and
+dask-otel's processor then turns it into a tuple. A SpanWriter makes that tuple directly
+(~8 us), with the SDK's limits; if other processors share the provider, they get the
+ReadableSpan rebuilt from it (on_end: nothing calls their on_start).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from time import time_ns
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.sdk.trace import Tracer
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
+
+from dask_otel.distro.compact_spans import (
+    UNSET,
+    CompactSpan,
+    SharedObjects,
+    link_values,
+    plain_attributes,
+    rebuild,
+    span_values,
+)
+from dask_otel.distro.processors import CompactSpanProcessor
+from dask_otel.spans import errors
+
+
+class WrittenSpan(trace.Span):
+    """A span that is over by the time it is made: what is done to it goes into plain
+    values, and :meth:`end` hands them to its writer."""
+
+    def __init__(
+        self,
+        writer: SpanWriter,
+        name: str,
+        context: SpanContext,
+        parent: SpanContext,
+        kind: SpanKind,
+        start: int,
+        attributes: dict[str, Any],
+        links: Sequence[Link],
+    ) -> None:
+        limits = writer.limits
+        self._writer = writer
+        self._name = name
+        self._context = context
+        self._parent = parent
+        self._kind = kind
+        self._start = start
+        self._attributes = BoundedAttributes(
+            limits.max_span_attributes,
+            attributes,
+            immutable=False,
+            max_value_len=limits.max_attribute_length,
+        )
+        self._events: list[tuple[str, int, dict | None]] = []
+        self._dropped_events = 0
+        links = [link for link in links if link.context.is_valid]
+        kept = len(links) if limits.max_links is None else limits.max_links
+        # As the SDK's bounded list: the latest are kept.
+        self._links = [link_values(link) for link in links[len(links) - kept :]] if kept else []
+        self._dropped_links = len(links) - len(self._links)
+        self._status = UNSET
+        self._ended = False
+
+    def get_span_context(self) -> SpanContext:
+        return self._context
+
+    def is_recording(self) -> bool:
+        return not self._ended
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        self._attributes[key] = value
+
+    def set_attributes(self, attributes: Any) -> None:
+        for key, value in attributes.items():
+            self._attributes[key] = value
+
+    def _bounded(self, limit: int | None, attributes: Any) -> dict | None:
+        length = self._writer.limits.max_attribute_length
+        return plain_attributes(BoundedAttributes(limit, attributes, max_value_len=length))
+
+    def add_event(self, name: str, attributes: Any = None, timestamp: int | None = None) -> None:
+        limits = self._writer.limits
+        attributes = self._bounded(limits.max_event_attributes, attributes)
+        event = (name, timestamp or time_ns(), attributes)
+        if limits.max_events is not None and len(self._events) >= limits.max_events:
+            self._dropped_events += 1
+            if not limits.max_events:
+                return
+            del self._events[0]  # as the SDK's bounded list: the oldest goes
+        self._events.append(event)
+
+    def add_link(self, context: SpanContext, attributes: Any = None) -> None:
+        limits = self._writer.limits
+        if not context.is_valid:
+            return
+        if limits.max_links is not None and len(self._links) >= limits.max_links:
+            self._dropped_links += 1
+            if not limits.max_links:
+                return
+            del self._links[0]  # as the SDK's bounded list: the oldest goes
+        self._links.append(
+            link_values(Link(context, self._bounded(limits.max_link_attributes, attributes)))
+        )
+
+    def update_name(self, name: str) -> None:
+        self._name = name
+
+    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
+        # The SDK's rules: OK is final, UNSET is ignored.
+        if self._status.status_code is StatusCode.OK:
+            return
+        if isinstance(status, Status):
+            if status.status_code is not StatusCode.UNSET:
+                self._status = status
+        elif status is not StatusCode.UNSET:
+            self._status = Status(status, description)
+
+    def record_exception(
+        self,
+        exception: BaseException,
+        attributes: Any = None,
+        timestamp: int | None = None,
+        escaped: bool = False,
+    ) -> None:
+        self.add_event(
+            "exception", errors.exception_attributes(exception, attributes, escaped), timestamp
+        )
+
+    def end(self, end_time: int | None = None) -> None:
+        if not self._ended:
+            self._ended = True
+            self._writer.write(self, end_time or time_ns())
+
+    def values(self, resource: int, scope: int, end: int) -> CompactSpan:
+        """This span as :func:`compact` makes it, its resource and scope numbered so."""
+        return span_values(
+            self._name,
+            self._context,
+            self._parent if self._parent.is_valid else None,
+            resource,
+            scope,
+            self._kind,
+            self._attributes,
+            tuple(self._events),
+            tuple(self._links),
+            self._status,
+            (self._start, end),
+            (self._attributes.dropped, self._dropped_events, self._dropped_links),
+        )
+
+
+class SpanWriter:
+    """Writes :class:`WrittenSpan` s of one SDK tracer into its provider's span processor:
+    straight into dask-otel's queue when that is the only processor, as ReadableSpans to
+    every processor's ``on_end`` otherwise."""
+
+    def __init__(self, tracer: Any) -> None:
+        self.limits = tracer._span_limits
+        self._resource = tracer.resource
+        self._scope = tracer._instrumentation_scope
+        #: The provider's (multi) span processor, whose processors may change.
+        self._processor = tracer.span_processor
+        self._shared = SharedObjects()
+
+    def _sink(self) -> tuple[CompactSpanProcessor | None, SharedObjects]:
+        """dask-otel's processor if it is the provider's only one now, and the objects
+        that number resources and scopes for it."""
+        processors = getattr(self._processor, "_span_processors", ())
+        ours = processors[0] if len(processors) == 1 else None
+        if isinstance(ours, CompactSpanProcessor):
+            return ours, ours._shared
+        return None, self._shared
+
+    def start(
+        self,
+        span_id: int,
+        name: str,
+        parent: SpanContext,
+        kind: SpanKind,
+        start: int,
+        attributes: dict[str, Any],
+        links: Sequence[Link],
+    ) -> WrittenSpan:
+        """A span under ``parent`` (a sampled context), with ``span_id``."""
+        context = SpanContext(
+            parent.trace_id, span_id, False, parent.trace_flags, parent.trace_state
+        )
+        return WrittenSpan(self, name, context, parent, kind, start, attributes, links)
+
+    def write(self, span: WrittenSpan, end: int) -> None:
+        ours, shared = self._sink()
+        values = span.values(shared.number(self._resource), shared.number(self._scope), end)
+        if ours is not None:
+            ours.queue(values, self._resource, self._scope)
+        else:
+            self._processor.on_end(rebuild(values, shared))
+
+
+def span_writer(tracer: Any) -> SpanWriter | None:
+    """A :class:`SpanWriter` for an enabled SDK tracer; None for any other tracer (spans
+    then go through ``start_span``: the API's path, slower)."""
+    if type(tracer) is not Tracer or not tracer._is_enabled():
+        return None
+    return SpanWriter(tracer)
