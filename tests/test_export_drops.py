@@ -138,18 +138,22 @@ with LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
     assert client.gather(client.map(abs, range(-20, 0))) == list(range(20, 0, -1))
     logging.getLogger("user").warning("a log record")
 # A flush stops waiting for a collector that does not answer: each failed batch is counted
-# when its exporter gives up (the losses' own warning is a log record, lost in turn).
+# when its exporter gives up (the losses' own warning, and the exporters' retry warnings,
+# are log records, lost in turn). Done when every record made is counted and nothing more
+# came for a whole round, whose metric collection then saw every loss.
 deadline = time.monotonic() + 60
+previous = None
 while time.monotonic() < deadline:
     trace.get_tracer_provider().force_flush()
     _logs.get_logger_provider().force_flush()
+    metrics.get_meter_provider().force_flush()
     lost = drops.dropped()
-    if (lost.get(("traces", "export_failed")), lost.get(("logs", "export_failed"))) == (
-        Ended.count, Emitted.count
-    ):
+    now = (Ended.count, Emitted.count, lost.get(("traces", "export_failed")),
+           lost.get(("logs", "export_failed")))
+    if now[:2] == now[2:] and now == previous:
         break
+    previous = now
     time.sleep(0.2)
-metrics.get_meter_provider().force_flush()
 print(json.dumps({
     "spans": Ended.count,
     "log_records": Emitted.count,

@@ -270,6 +270,25 @@ def test_queue_is_bounded_in_bytes_and_counts_what_it_drops(fresh_health):
     assert exporter.exported == 10 + queued
 
 
+def test_queue_memory_0_bounds_the_queue_in_items_only(fresh_health):
+    """``otel.max-queue-memory: 0`` is no bound in bytes (README), not room for nothing."""
+    exporter = Blocking()
+    processor, tracer = traced(
+        exporter, max_queue_memory=0, max_queue_size=100, max_export_batch_size=10
+    )
+    try:
+        for i in range(10):  # a batch: the exporting thread takes it and blocks
+            task_span(tracer, i)
+        assert exporter.entered.wait(30)
+        for i in range(150):
+            task_span(tracer, i)
+        assert len(processor.export_queue._items) == 100
+        assert drops.dropped()[("traces", "queue_full")] == 50
+    finally:
+        exporter.release.set()
+        processor.shutdown()
+
+
 ESTIMATE = """
 import gc, json, sys, tracemalloc
 sys.path.insert(0, sys.argv[1])
@@ -410,10 +429,11 @@ def test_queue_memory_setting_reaches_the_configured_processors():
         import json
         from opentelemetry import _logs, trace
         from dask_otel.distro import drops, processors, queues, sdk
-        sdk.configure("worker")
+        sdk.configure("worker")  # before Dask is imported, as opentelemetry-instrument does
+        import dask
         (spans,) = trace.get_tracer_provider()._active_span_processor._span_processors
         (logs,) = _logs.get_logger_provider()._multi_log_record_processor._log_record_processors
-        print(json.dumps([spans.export_queue.limits.max_bytes, logs.export_queue.limits.max_bytes]))
+        print(json.dumps([spans.export_queue.max_bytes, logs.export_queue.max_bytes]))
         """
     )
     env = otel_env(Endpoint("http://127.0.0.1:9"), DASK_OTEL__MAX_QUEUE_MEMORY="123kB")

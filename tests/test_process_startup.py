@@ -83,12 +83,6 @@ WATCH_DASK = (
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 21: distro/ imports Dask's config (and so dask) at startup to read "
-    "otel.max-queue-memory (queues._queue_memory), and at exit to read otel.flush-timeout "
-    "(sdk._shutdown_at_exit: 0.45 s of -X importtime on the loaded machine)",
-)
 def test_a_process_that_never_uses_dask_never_imports_dask(receiver: OTLPReceiver) -> None:
     assert python(receiver, WATCH_DASK).stdout == "0"  # plain
     assert python(receiver, WATCH_DASK, bin_path("opentelemetry-instrument")).stdout == "0"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 import weakref
@@ -94,7 +95,9 @@ class QueueLimits:
     """How much an :class:`ExportQueue` holds, and how it batches."""
 
     max_items: int
-    max_bytes: int
+    #: None: ``otel.max-queue-memory``, read once the process has imported Dask (a
+    #: process that never does is not made to import it for one setting).
+    max_bytes: int | None
     batch: int
     delay: float  #: seconds between scheduled exports
 
@@ -118,8 +121,6 @@ def queue_limits(signal: str, max_bytes: int | None, **options: Any) -> QueueLim
             f"{signal} batch settings must be positive, the batch no larger than the queue: "
             f"{values}"
         )
-    if max_bytes is None:
-        max_bytes = _queue_memory()
     return QueueLimits(size, max_bytes, batch, delay / 1000)
 
 
@@ -136,14 +137,17 @@ def _env_int(name: str, default: int) -> int:
         return default
 
 
-def _queue_memory() -> int:
-    """``otel.max-queue-memory`` (its default if the ``otel`` config is invalid: that is
-    said where dask-otel activates)."""
-    from dask_otel.config import ConfigError, load_settings
+def _queue_memory() -> int | None:
+    """``otel.max-queue-memory`` once Dask is imported, else None (its default applies
+    meanwhile); its default if the ``otel`` config is invalid (that is said where
+    dask-otel activates) or Dask's config cannot be read yet (Dask being imported)."""
+    if "dask" not in sys.modules:
+        return None
+    from dask_otel.config import load_settings
 
     try:
         return load_settings().max_queue_memory
-    except ConfigError:
+    except Exception:
         return DEFAULT_QUEUE_MEMORY
 
 
@@ -169,6 +173,8 @@ class ExportQueue:
         self.exporter = exporter
         self.signal = signal
         self.limits = limits
+        #: The bound in bytes; None until ``otel.max-queue-memory`` can be read.
+        self._max_bytes = limits.max_bytes
         self._size = size
         self._items: deque[Any] = deque()
         self._sizes: deque[int] = deque()
@@ -191,6 +197,14 @@ class ExportQueue:
         runtime.health.watched = True
         export_queues.add(self)
 
+    @property
+    def max_bytes(self) -> int:
+        """The bound in bytes (0: none)."""
+        bound = self._max_bytes
+        if bound is None:
+            bound = self._max_bytes = _queue_memory()
+        return DEFAULT_QUEUE_MEMORY if bound is None else bound
+
     def put(self, item: Any) -> bool:
         """Queue ``item`` unless it does not fit (counted as dropped); never blocks."""
         size = self._size(item)
@@ -198,8 +212,7 @@ class ExportQueue:
             if self._closed:
                 reason = "already_shutdown"
             elif (
-                len(self._items) >= self.limits.max_items
-                or self.bytes + size > self.limits.max_bytes
+                len(self._items) >= self.limits.max_items or 0 < self.max_bytes < self.bytes + size
             ):
                 reason = "queue_full"
             else:

@@ -187,12 +187,14 @@ def _shutdown_at_exit() -> None:
         return
     for provider in _owned.providers:
         atexit.unregister(provider.shutdown)  # the SDK's handler; a second call only warns
-    try:
-        from dask_otel.config import load_settings
+    timeout = 5.0  # otel.flush-timeout's default, in a process that never imported Dask
+    if "dask" in sys.modules:
+        try:
+            from dask_otel.config import load_settings
 
-        timeout = load_settings().flush_timeout
-    except Exception:
-        timeout = 5.0
+            timeout = load_settings().flush_timeout
+        except Exception:
+            pass
     if runtime.exit_limit is not None:
         timeout = min(timeout, runtime.exit_limit)
     runtime.shutdown(runtime.Providers(*_owned.providers), timeout)  # type: ignore[arg-type]
