@@ -14,11 +14,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import _logs, metrics, trace
 
 from dask_otel.version import __version__
+
+if TYPE_CHECKING:
+    from dask_otel.config import Settings
 
 #: Instrumentation scope of every span, metric and log record dask-otel makes.
 SCOPE = "dask_otel"
@@ -255,6 +258,20 @@ def _first_time(key: str) -> bool:
             return False
         _reported.add(key)
         return True
+
+
+def settings_if_dask_imported() -> Settings | None:
+    """dask-otel's settings, if this process has imported Dask: one that never does is not
+    made to import it for a setting. None otherwise, and when they cannot be read (invalid,
+    which is said where dask-otel activates; or Dask being imported still)."""
+    if "dask" not in sys.modules:
+        return None
+    from dask_otel.config import load_settings
+
+    try:
+        return load_settings()
+    except Exception:
+        return None
 
 
 def report_once(logger: logging.Logger, key: str, message: str, *args: object) -> None:

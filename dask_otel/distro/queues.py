@@ -139,16 +139,11 @@ def _env_int(name: str, default: int) -> int:
 
 def _queue_memory() -> int | None:
     """``otel.max-queue-memory`` once Dask is imported, else None (its default applies
-    meanwhile); its default if the ``otel`` config is invalid (that is said where
-    dask-otel activates) or Dask's config cannot be read yet (Dask being imported)."""
+    meanwhile); its default if the settings cannot be read."""
     if "dask" not in sys.modules:
         return None
-    from dask_otel.config import load_settings
-
-    try:
-        return load_settings().max_queue_memory
-    except Exception:
-        return DEFAULT_QUEUE_MEMORY
+    settings = runtime.settings_if_dask_imported()
+    return DEFAULT_QUEUE_MEMORY if settings is None else settings.max_queue_memory
 
 
 #: ``otel.max-queue-memory``'s default, also in ``otel.yaml``.

@@ -187,14 +187,8 @@ def _shutdown_at_exit() -> None:
         return
     for provider in _owned.providers:
         atexit.unregister(provider.shutdown)  # the SDK's handler; a second call only warns
-    timeout = 5.0  # otel.flush-timeout's default, in a process that never imported Dask
-    if "dask" in sys.modules:
-        try:
-            from dask_otel.config import load_settings
-
-            timeout = load_settings().flush_timeout
-        except Exception:
-            pass
+    settings = runtime.settings_if_dask_imported()
+    timeout = 5.0 if settings is None else settings.flush_timeout  # 5 s: its default
     if runtime.exit_limit is not None:
         timeout = min(timeout, runtime.exit_limit)
     runtime.shutdown(runtime.Providers(*_owned.providers), timeout)  # type: ignore[arg-type]
