@@ -15,6 +15,7 @@ exporter and keep waiting for a slow one) use exporters that block or sleep.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -249,44 +250,44 @@ def task_span(tracer, i: int) -> None:
     span.end()
 
 
-def test_queue_is_bounded_in_bytes_and_counts_what_it_drops(fresh_health):
+@contextlib.contextmanager
+def behind_a_stuck_export(**limits):
+    """(exporter, processor, tracer) whose exporter has taken a first batch of 10 spans and
+    blocks on it: what is traced next waits in the queue."""
     exporter = Blocking()
-    processor, tracer = traced(
-        exporter, max_queue_memory=100_000, max_queue_size=100_000, max_export_batch_size=10
-    )
+    processor, tracer = traced(exporter, max_export_batch_size=10, **limits)
     try:
-        for i in range(10):  # a batch: the exporting thread takes it and blocks
+        for i in range(10):
             task_span(tracer, i)
         assert exporter.entered.wait(30)
+        yield exporter, processor, tracer
+    finally:
+        exporter.release.set()
+        processor.shutdown()
+
+
+def test_queue_is_bounded_in_bytes_and_counts_what_it_drops(fresh_health):
+    with behind_a_stuck_export(max_queue_memory=100_000, max_queue_size=100_000) as (
+        exporter,
+        processor,
+        tracer,
+    ):
         for i in range(1000):
             task_span(tracer, i)
         queued = len(processor.export_queue._items)
         assert 0 < processor.export_queue.bytes <= 100_000
         assert 40 < queued < 1000  # about 1.4 kB a span
         assert drops.dropped()[("traces", "queue_full")] == 1000 - queued
-    finally:
-        exporter.release.set()
-        processor.shutdown()
     assert exporter.exported == 10 + queued
 
 
 def test_queue_memory_0_bounds_the_queue_in_items_only(fresh_health):
     """``otel.max-queue-memory: 0`` is no bound in bytes (README), not room for nothing."""
-    exporter = Blocking()
-    processor, tracer = traced(
-        exporter, max_queue_memory=0, max_queue_size=100, max_export_batch_size=10
-    )
-    try:
-        for i in range(10):  # a batch: the exporting thread takes it and blocks
-            task_span(tracer, i)
-        assert exporter.entered.wait(30)
+    with behind_a_stuck_export(max_queue_memory=0, max_queue_size=100) as (_, processor, tracer):
         for i in range(150):
             task_span(tracer, i)
         assert len(processor.export_queue._items) == 100
         assert drops.dropped()[("traces", "queue_full")] == 50
-    finally:
-        exporter.release.set()
-        processor.shutdown()
 
 
 ESTIMATE = """
