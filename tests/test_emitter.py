@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -133,3 +135,28 @@ def test_a_forked_child_starts_its_own_thread_and_leaves_the_parents_backlog():
     assert os.waitpid(pid, 0)[1] == 0
     assert emitter.flush(5)
     assert seen == ["parent"]
+
+
+def test_the_exit_waits_for_the_call_in_progress(tmp_path):
+    """A Nanny's post-mortem of a worker that died as the Nanny closed is running when the
+    interpreter exits, with nothing left queued: the exit still waits for it."""
+    done = tmp_path / "done"
+    script = f"""
+import threading, time
+from pathlib import Path
+from dask_otel.spans.emitter import SpanEmitter
+
+started = threading.Event()
+
+def post_mortem():
+    started.set()
+    time.sleep(0.5)
+    Path({str(done)!r}).touch()
+
+emitter = SpanEmitter("exiting")
+emitter.submit(post_mortem)
+emitter._wake.set()
+assert started.wait(5)
+"""
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=30)
+    assert done.exists()

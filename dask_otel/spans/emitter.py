@@ -90,9 +90,8 @@ class SpanEmitter:
         return flushed and not thread.is_alive()
 
     def _drain_at_exit(self, timeout: float) -> None:
-        """What is still pending, emitted before the SDK's own exit shutdown exports it."""
-        if not self._pending:
-            return
+        """What is still pending, emitted before the SDK's own exit shutdown exports it:
+        the call the thread is in the middle of (a Nanny's post-mortem, say) too."""
         thread = self._thread
         if thread is not None and thread.is_alive():
             self.flush(timeout)
