@@ -12,10 +12,15 @@ from typing import Any
 from distributed import Nanny, Scheduler, Worker
 
 from dask_otel.patches import with_plugin
-from dask_otel.plugins.activation import check_settings
+from dask_otel.plugins.activation import check_settings, refuse_invalid_settings
 from dask_otel.plugins.nanny import DaskOtelNannyPlugin
 from dask_otel.plugins.scheduler import DaskOtelSchedulerPlugin
 from dask_otel.plugins.worker import DaskOtelWorkerPlugin
+
+# `dask worker --preload dask_otel` imports this module in its own process while it reads
+# its options: invalid settings stop it there, before a Nanny starts a worker process
+# that would fail under it (with the Nanny's tracebacks after the line).
+refuse_invalid_settings()
 
 
 async def dask_setup(server: Any) -> None:

@@ -61,10 +61,12 @@ INSTRUMENT = [bin_path("opentelemetry-instrument")]
         ([*INSTRUMENT, *worker()], "nanny"),  # the Nanny stops before it starts a worker
         ([*INSTRUMENT, *worker("--no-nanny")], "worker"),
         (worker("--no-nanny", "--preload", "dask_otel"), "worker"),
+        (worker("--preload", "dask_otel"), "nanny"),  # refused before the Nanny starts
         (worker("--preload-nanny", "dask_otel"), "nanny"),
     ],
     ids=["scheduler-preload", "scheduler-instrument", "nanny-instrument", "worker-instrument",
-         "worker-preload", "nanny-preload"],
+         "worker-preload",
+         "worker-preload-nanny", "nanny-preload"],
 )  # fmt: skip
 @pytest.mark.parametrize(
     ("variable", "message"),

@@ -133,11 +133,17 @@ def _dask_command() -> str | None:
 
 
 def refuse_invalid_settings() -> None:
-    """Stop a Dask command that starts under ``opentelemetry-instrument`` with invalid
-    settings, before Dask starts anything (a Nanny, which never activates dask-otel
-    itself, included): one line on stderr, exit status 1."""
+    """Stop a Dask command that starts with invalid settings, before Dask starts anything
+    (a Nanny, which never activates dask-otel itself, included): one line on stderr, exit
+    status 1. Called at ``opentelemetry-instrument``'s start-up, and when Dask's command
+    line imports ``--preload dask_otel`` to read its options; never in the processes the
+    command starts (a Nanny's worker: its command refused already, or let it start)."""
     role = _dask_command()
     if role is None or disabled_by_environment() or _servers_running():
+        return
+    import multiprocessing  # not at import time: this runs in every process at start-up
+
+    if multiprocessing.parent_process() is not None:
         return
     from dask_otel.config import ConfigError, load_settings
 
