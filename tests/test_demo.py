@@ -4,6 +4,7 @@ summary; as on a fresh machine, where numpy is not installed."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 
 from conftest import bin_path
@@ -90,5 +91,8 @@ def test_demo_says_what_a_hung_collector_lost(tmp_path):
     assert out.returncode == 1, out.stdout + out.stderr
     assert f"Export to {collector.endpoint} FAILED" in out.stdout
     assert "could not finish exporting within 3 s" in out.stdout
+    # How much: the spans the stalled processes still held (the demo's own, at least).
+    held = re.search(r"what they still held \((\d+) spans", out.stdout)
+    assert held and int(held[1]) > 0, out.stdout
     assert "All telemetry was exported" not in out.stdout
     assert "Look for" not in out.stdout

@@ -12,13 +12,14 @@ exits is counted and said.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import threading
 import time
 import weakref
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +34,7 @@ from opentelemetry.sdk.metrics.export import MetricExportResult
 
 from dask_otel import runtime
 from dask_otel.distro.compact_spans import CompactSpan
-from dask_otel.distro.drops import NOUNS, count_dropped, warn_dropped
+from dask_otel.distro.drops import NOUNS, count_dropped, dropped, warn_dropped
 from dask_otel.runtime import report_once, start_daemon
 
 logger = logging.getLogger(__name__)
@@ -405,6 +406,18 @@ def watch_metric_exporters(provider: Any) -> None:
 
 #: Every export queue of this process: forgotten after fork, counted at exit.
 export_queues: weakref.WeakSet[ExportQueue] = weakref.WeakSet()
+
+
+def unexported() -> tuple[Counter[str], dict[tuple[str, str], int]]:
+    """What this process has not exported, read at one instant (no batch moves from in
+    flight to lost meanwhile): spans and log records still queued or in an export under
+    way, by signal; and those lost, by (signal, reason)."""
+    held: Counter[str] = Counter()
+    with contextlib.ExitStack() as locks:
+        for queue in list(export_queues):
+            locks.enter_context(queue._lock)
+            held[queue.signal] += len(queue._items) + queue._in_flight
+        return held, dropped()
 
 
 def _forget_parent_queues() -> None:

@@ -24,13 +24,11 @@ flight recorder's copy of the queues (:mod:`dask_otel.distro.mirror`).
 from __future__ import annotations
 
 import atexit
-import contextlib
 import logging
 import os
 import re
 import socket
 import sys
-from collections import Counter
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
@@ -40,10 +38,15 @@ from opentelemetry.sdk._configuration import _OTelSDKConfigurator
 from opentelemetry.sdk.resources import Resource
 
 from dask_otel import runtime
-from dask_otel.distro.drops import NOUNS, dropped, register_dropped_counter, warned
+from dask_otel.distro.drops import NOUNS, register_dropped_counter, warned
 from dask_otel.distro.processors import counting_processors
 from dask_otel.distro.processors import span_processor as span_processor  # as README says
-from dask_otel.distro.queues import export_queues, metric_exporters, watch_metric_exporters
+from dask_otel.distro.queues import (
+    export_queues,
+    metric_exporters,
+    unexported,
+    watch_metric_exporters,
+)
 from dask_otel.runtime import say_once
 
 logger = logging.getLogger(__name__)
@@ -203,14 +206,10 @@ def _shutdown_at_exit() -> None:
 def _say_loss() -> None:
     """Say on stderr how many spans and log records this process did not
     export: lost on the way, and still queued (at exit). Nothing if all went out."""
-    lost: Counter[str] = Counter()
+    lost, dropped_by_reason = unexported()
+    for (signal, _), count in dropped_by_reason.items():
+        lost[signal] += count
     queues = list(export_queues)
-    with contextlib.ExitStack() as held:  # no batch moves from pending to failed meanwhile
-        for queue in queues:
-            held.enter_context(queue._lock)
-            lost[queue.signal] += len(queue._items) + queue._in_flight
-        for (signal, _), count in dropped().items():
-            lost[signal] += count
     endpoints = (getattr(queue.exporter.exporter, "_endpoint", None) for queue in queues)
     destination = next((endpoint for endpoint in endpoints if endpoint), "its exporter")
     if not sum(lost.values()):

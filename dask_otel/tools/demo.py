@@ -34,6 +34,7 @@ from distributed import Client
 
 import dask_otel
 from dask_otel import runtime
+from dask_otel.distro.drops import NOUNS
 from dask_otel.distro.sdk import FILE_EXPORT_DIR
 from dask_otel.tools import report, summary
 
@@ -238,16 +239,21 @@ def unreachable(endpoint: str) -> str | None:
 # -- telemetry accounting ------------------------------------------------------------------
 
 
-def _flush_and_count() -> tuple[bool, dict[tuple[str, str], int]]:
-    """In one process: export what it holds (bounded); whether that finished, and what
-    its exporters lost so far by (signal, reason)."""
-    from dask_otel.distro import drops
+#: What one process says of its exports: whether its flush finished, what its exporters
+#: lost by (signal, reason), and the spans and log records they still hold by signal.
+Report = tuple[bool, dict[tuple[str, str], int], dict[str, int]]
+
+
+def _flush_and_count() -> Report:
+    """In one process: export what it holds (bounded), then say how that went."""
+    from dask_otel.distro import queues
 
     finished = runtime.flush(runtime.current(), FLUSH_TIMEOUT)
-    return finished, drops.dropped()
+    held, dropped = queues.unexported()
+    return finished, dropped, dict(held)
 
 
-async def _flush_and_count_off_loop() -> tuple[bool, dict[tuple[str, str], int]]:
+async def _flush_and_count_off_loop() -> Report:
     """:func:`_flush_and_count` for ``client.run``: never blocks the server's event loop."""
     return await asyncio.get_running_loop().run_in_executor(None, _flush_and_count)
 
@@ -260,27 +266,36 @@ class _Delivery:
     stalled: int = 0
     #: Items lost, by (signal, reason).
     lost: Counter[tuple[str, str]] = field(default_factory=Counter)
+    #: Items the stalled processes still held, by signal: lost when the demo ends them.
+    held: Counter[str] = field(default_factory=Counter)
 
-    def add(self, finished: bool, dropped: dict[tuple[str, str], int]) -> None:
+    def add(
+        self, finished: bool, dropped: dict[tuple[str, str], int], held: dict[str, int]
+    ) -> None:
         self.stalled += not finished
         self.lost.update(dropped)
+        if not finished:
+            self.held.update(held)
 
     @property
     def failed(self) -> bool:
         return bool(self.stalled or any(self.lost.values()))
 
     def describe(self) -> str:
-        nouns = {"traces": "spans", "logs": "log records"}
         lost = ", ".join(
-            f"{count} {nouns.get(signal, signal)} ({reason.replace('_', ' ')})"
+            f"{count} {NOUNS.get(signal, signal)} ({reason.replace('_', ' ')})"
             for (signal, reason), count in sorted(self.lost.items())
             if count
         )
         parts = [f"lost: {lost}"] if lost else []
         if self.stalled:
+            held = ", ".join(
+                f"{count} {noun}" for signal, noun in NOUNS.items() if (count := self.held[signal])
+            )
             parts.append(
                 f"{self.stalled} process(es) could not finish exporting within "
-                f"{FLUSH_TIMEOUT:.0f} s: what they still held is lost too"
+                f"{FLUSH_TIMEOUT:.0f} s: what they still held "
+                f"({held or 'no spans or log records'}) is lost too"
             )
         return "; ".join(parts)
 
@@ -293,8 +308,8 @@ def _delivery(client: Client) -> _Delivery:
         workers = pool.submit(client.run, _flush_and_count_off_loop)
         reports = [here.result(), scheduler.result(), *workers.result().values()]
     delivery = _Delivery()
-    for finished, dropped in reports:
-        delivery.add(finished, dropped)
+    for finished, dropped, held in reports:
+        delivery.add(finished, dropped, held)
     return delivery
 
 
