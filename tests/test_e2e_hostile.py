@@ -63,6 +63,23 @@ def test_hostile_strings_cost_no_neighbour(receiver, processes, protocol):
     bodies = [str(r["body"]) for r in receiver.log_records()]
     assert "reading /data/caf\ufffd.csv" in bodies
 
+    # Metric labels: the NUL and megabyte keys' prefixes arrive (capped) beside the others.
+    capped = "m" * 255 + "\u2026"
+
+    def labelled(r):
+        prefixes = {
+            (p["name"], p["attributes"].get("dask.task.prefix"))
+            for p in r.metrics()
+            if p["name"] in ("dask.task.duration", "dask.task.compute.time")
+        }
+        return {
+            (name, prefix)
+            for name in ("dask.task.duration", "dask.task.compute.time")
+            for prefix in ("inc", "nul\x00", capped)
+        } <= prefixes
+
+    assert receiver.wait_for(labelled, timeout=30)
+
     def no_export_failed(r):
         points = [
             m
