@@ -30,6 +30,7 @@ from conftest import (
     start_scheduler,
     start_worker,
 )
+from distributed.diagnostics.plugin import NannyPlugin
 from distributed.scheduler import KilledWorker
 from opentelemetry.trace import StatusCode
 from test_flight import run_child
@@ -312,6 +313,45 @@ def test_a_worker_its_closing_nanny_must_kill_is_no_death(telemetry, monkeypatch
     assert emitter.shared().flush(10)
     assert [r for r in telemetry.logs() if "still alive after" in str(r.body)]  # SIGKILLed
     assert not [r for r in telemetry.logs() if r.event_name == "dask.worker.died"]
+
+
+class TouchOnTeardown(NannyPlugin):
+    """Touches ``marker`` as its Nanny closes (after dask-otel's plugin, added first)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def teardown(self, nanny) -> None:
+        Path(self.marker).touch()
+
+
+async def exit_once_exists(marker: str, code: int) -> None:
+    """Run by ``client.run`` on the worker's event loop: blocks it until ``marker``
+    exists, then ends the process with ``code``."""
+    while not Path(marker).exists():
+        time.sleep(0.01)
+    os._exit(code)
+
+
+def test_a_worker_that_dies_while_its_nanny_closes_is_a_death(tmp_path, telemetry, monkeypatch):
+    """A worker that exits with an error of its own once its Nanny has begun to close (and
+    before the Nanny had to kill it) died: the close explains only the Nanny's SIGKILL. As
+    when the scheduler hears of a death, and the cluster closes, before the Nanny does."""
+    for name in ("TRACES", "METRICS", "LOGS"):  # worker processes export nowhere
+        monkeypatch.setenv(f"OTEL_{name}_EXPORTER", "none")
+    marker = tmp_path / "closing"
+    with in_process_cluster(n_workers=1, processes=True, host="127.0.0.1") as client:
+        client.register_plugin(TouchOnTeardown(str(marker)))
+        (worker,) = client.scheduler_info()["workers"]
+        pid = client.run(os.getpid)[worker]
+        client.run(exit_once_exists, str(marker), 3, wait=False)
+    assert emitter.shared().flush(10)
+    assert [r for r in telemetry.logs() if f"{pid} exited with status 3" in str(r.body)]
+    (death,) = [r for r in telemetry.logs() if r.event_name == "dask.worker.died"]
+    assert death.attributes["dask.worker.death.cause"] == "exit"
+    assert death.attributes["process.exit.code"] == 3
+    assert death.attributes["process.pid"] == pid
+    assert not [r for r in telemetry.logs() if "still alive after" in str(r.body)]  # not killed
 
 
 def test_a_nanny_cleans_up_after_one_that_is_gone(tmp_path, telemetry, monkeypatch):

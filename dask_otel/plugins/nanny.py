@@ -149,7 +149,9 @@ class WorkerWatch:
         self.worker: str | None = None
         self._oom_kills: tuple[Path, int] | None = None
         self._memory_kill: MemoryKill | None = None
-        self._expected_pid: int | None = None
+        #: The worker process this Nanny is stopping (close, restart): it asks the worker
+        #: to close, and SIGKILLs it if slow. Only that SIGKILL is explained by the stop.
+        self._stopping_pid: int | None = None
         self._originals: dict[str, Any] = {}
         self._callback = PeriodicCallback(self._read_memory, self.interval * 1000)
         self._identity: asyncio.Task | None = None
@@ -183,7 +185,7 @@ class WorkerWatch:
     async def close(self) -> None:
         self._closed = True
         if self.nanny.status.name == "closing":  # it kills its worker next, SIGKILL if slow
-            self._expected_pid = self.nanny.pid  # (None if the worker is dead already)
+            self._stopping_pid = self.nanny.pid  # (None if the worker is dead already)
         self._callback.stop()
         if self._identity is not None:
             self._identity.cancel()
@@ -225,7 +227,7 @@ class WorkerWatch:
         return self._originals["log_event"](topic, msg)
 
     async def _kill(self, *args: Any, **kwargs: Any) -> Any:
-        self._expected_pid = self.nanny.pid
+        self._stopping_pid = self.nanny.pid
         return await self._originals["kill"](*args, **kwargs)
 
     async def _instantiate(self, *args: Any, **kwargs: Any) -> Any:
@@ -272,11 +274,15 @@ class WorkerWatch:
         pid = self.pid
         assert pid is not None
         nanny = self.nanny
-        # Not a death to explain: a process that exited with 0, one the Nanny stopped
-        # itself, or the signal that is stopping the Nanny too (its process group).
+        # Not a death to explain: a process that exited with 0, one the Nanny killed as
+        # it stopped it, or the signal that is stopping the Nanny too (its process group).
+        # A worker that dies otherwise while being stopped died of its own cause (its
+        # Nanny may even have begun to close after the scheduler heard of that death).
         closing = self._closed or nanny.status.name not in ("running", "starting")
         expected = (
-            exitcode == 0 or self._expected_pid == pid or (closing and -exitcode in STOP_SIGNALS)
+            exitcode == 0
+            or (self._stopping_pid == pid and -exitcode == signal.SIGKILL)
+            or (closing and -exitcode in STOP_SIGNALS)
         )
         oom_killed = False
         if self._oom_kills is not None:
