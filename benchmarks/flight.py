@@ -202,6 +202,15 @@ def survival() -> None:
                 f"{len(workers)}, of them task tick {len(ticks)} of 90; the tasks' own log "
                 f"records {len(user)} of 4 ({observed['sleeper']})"
             )
+            for record in died:  # what each Nanny sent for its dead worker
+                a = record["attributes"]
+                print(
+                    f"  {a['dask.worker.death.cause']} ({a.get('dask.worker.death.signal')}): "
+                    f"sent {a.get('dask_otel.recovered.spans', 0)} spans, "
+                    f"{a.get('dask_otel.recovered.logs', 0)} log records; "
+                    f"{len(a.get('dask.task.unreported', ()))} attempts unreported, "
+                    f"{a.get('dask_otel.lost', 0)} lost"
+                )
 
 
 def main() -> None:
