@@ -220,6 +220,9 @@ def test_nanny_in_this_process_explains_each_death(telemetry, monkeypatch, task,
         key = f"{task.__name__}-1"
         with pytest.raises(KilledWorker):
             client.submit(task, 1, key=key).result(timeout=120)
+        # Both Nannies restarted their workers: closed while one starts, distributed
+        # 2025.9 counts the start against the close's deadline (TimeoutError under load).
+        client.wait_for_workers(2, timeout=120)
         flush_emitters(client)
     # The Nannies (in this process) have seen every exit once the cluster closed.
     assert emitter.shared().flush(10)
@@ -352,6 +355,27 @@ def test_a_worker_that_dies_while_its_nanny_closes_is_a_death(tmp_path, telemetr
     assert death.attributes["process.exit.code"] == 3
     assert death.attributes["process.pid"] == pid
     assert not [r for r in telemetry.logs() if "still alive after" in str(r.body)]  # not killed
+
+
+def test_a_worker_killed_by_its_closing_nanny_after_uninstrument_is_no_death(monkeypatch, caplog):
+    """``uninstrument(client)`` removes the Nanny's plugin but not its worker's exit
+    callback (a worker that dies later still has its records sent): a worker that its
+    Nanny, closing later, must SIGKILL is no death either."""
+    for name in ("TRACES", "METRICS", "LOGS"):  # worker processes export nowhere
+        monkeypatch.setenv(f"OTEL_{name}_EXPORTER", "none")
+    t = Telemetry()
+    providers = {
+        "tracer_provider": t.tracer_provider,
+        "meter_provider": t.meter_provider,
+        "logger_provider": t.logger_provider,
+    }
+    with in_process_cluster(n_workers=1, processes=True, host="127.0.0.1") as client:
+        dask_otel.instrument(client, **providers)
+        dask_otel.uninstrument(client)
+        client.run(block_event_loop, 60, wait=False)
+    assert emitter.shared().flush(10)
+    assert "still alive after" in caplog.text  # SIGKILLed
+    assert not [r for r in t.logs() if r.event_name == "dask.worker.died"]
 
 
 def test_a_nanny_cleans_up_after_one_that_is_gone(tmp_path, telemetry, monkeypatch):

@@ -149,8 +149,8 @@ class WorkerWatch:
         self.worker: str | None = None
         self._oom_kills: tuple[Path, int] | None = None
         self._memory_kill: MemoryKill | None = None
-        #: The worker process this Nanny is stopping (close, restart): it asks the worker
-        #: to close, and SIGKILLs it if slow. Only that SIGKILL is explained by the stop.
+        #: The worker process this running Nanny was asked to kill (a restart): it asks
+        #: the worker to close, and SIGKILLs it if slow. Only that SIGKILL is explained.
         self._stopping_pid: int | None = None
         self._originals: dict[str, Any] = {}
         self._callback = PeriodicCallback(self._read_memory, self.interval * 1000)
@@ -184,8 +184,6 @@ class WorkerWatch:
 
     async def close(self) -> None:
         self._closed = True
-        if self.nanny.status.name == "closing":  # it kills its worker next, SIGKILL if slow
-            self._stopping_pid = self.nanny.pid  # (None if the worker is dead already)
         self._callback.stop()
         if self._identity is not None:
             self._identity.cancel()
@@ -274,16 +272,15 @@ class WorkerWatch:
         pid = self.pid
         assert pid is not None
         nanny = self.nanny
-        # Not a death to explain: a process that exited with 0, one the Nanny killed as
-        # it stopped it, or the signal that is stopping the Nanny too (its process group).
-        # A worker that dies otherwise while being stopped died of its own cause (its
-        # Nanny may even have begun to close after the scheduler heard of that death).
-        closing = self._closed or nanny.status.name not in ("running", "starting")
-        expected = (
-            exitcode == 0
-            or (self._stopping_pid == pid and -exitcode == signal.SIGKILL)
-            or (closing and -exitcode in STOP_SIGNALS)
-        )
+        # Not a death to explain: a process that exited with 0, one its Nanny SIGKILLed
+        # as it stopped it (closing, with dask-otel's plugin or after its removal, or a
+        # restart), or the signal that is stopping the Nanny too (its process group). A
+        # worker that dies otherwise while being stopped died of its own cause (its Nanny
+        # may even have begun to close after the scheduler heard of that death).
+        nanny_stops = nanny.status.name not in ("running", "starting")
+        closing = self._closed or nanny_stops
+        killed = -exitcode == signal.SIGKILL and (nanny_stops or self._stopping_pid == pid)
+        expected = exitcode == 0 or killed or (closing and -exitcode in STOP_SIGNALS)
         oom_killed = False
         if self._oom_kills is not None:
             counter, before = self._oom_kills
