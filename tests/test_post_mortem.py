@@ -251,19 +251,23 @@ def sleep_then_return(marker: str, seconds: float = 5) -> str:
     return "done"
 
 
+def providers_of(t: Telemetry) -> dict[str, object]:
+    """``instrument(client, **providers_of(t))``: this process's Nannies export into ``t``."""
+    return {
+        "tracer_provider": t.tracer_provider,
+        "meter_provider": t.meter_provider,
+        "logger_provider": t.logger_provider,
+    }
+
+
 def test_instrumenting_a_running_cluster_reaches_its_nannies(tmp_path, monkeypatch):
     """``instrument(client)`` on a cluster already running: its Nannies get the plugin,
     and their workers (which get theirs after) a flight recorder."""
     for name in ("TRACES", "METRICS", "LOGS"):  # worker processes export nowhere
         monkeypatch.setenv(f"OTEL_{name}_EXPORTER", "none")
     t = Telemetry()
-    providers = {
-        "tracer_provider": t.tracer_provider,
-        "meter_provider": t.meter_provider,
-        "logger_provider": t.logger_provider,
-    }
     with in_process_cluster(processes=True, host="127.0.0.1") as client:
-        dask_otel.instrument(client, **providers)
+        dask_otel.instrument(client, **providers_of(t))
         try:
             marker = tmp_path / "started"
             future = client.submit(sleep_then_return, str(marker), key="sleep-1")
@@ -364,13 +368,8 @@ def test_a_worker_killed_by_its_closing_nanny_after_uninstrument_is_no_death(mon
     for name in ("TRACES", "METRICS", "LOGS"):  # worker processes export nowhere
         monkeypatch.setenv(f"OTEL_{name}_EXPORTER", "none")
     t = Telemetry()
-    providers = {
-        "tracer_provider": t.tracer_provider,
-        "meter_provider": t.meter_provider,
-        "logger_provider": t.logger_provider,
-    }
     with in_process_cluster(n_workers=1, processes=True, host="127.0.0.1") as client:
-        dask_otel.instrument(client, **providers)
+        dask_otel.instrument(client, **providers_of(t))
         dask_otel.uninstrument(client)
         client.run(block_event_loop, 60, wait=False)
     assert emitter.shared().flush(10)
