@@ -128,7 +128,7 @@ def plugin_state(scheduler) -> dict[str, int]:  # type: ignore[no-untyped-def]
     return {
         "records": held["records"],
         "graphs": held["graphs"],
-        "backlog": len(emitter.shared()._pending) if running else 0,
+        "backlog": emitter.shared().backlog if running else 0,
         "events": held["events"],
     }
 

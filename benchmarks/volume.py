@@ -91,9 +91,10 @@ def flush_scheduler(dask_scheduler) -> bool:  # type: ignore[no-untyped-def]
 
 def emitter_backlog(dask_scheduler) -> int:  # type: ignore[no-untyped-def]
     """Task records the scheduler has yet to turn into spans."""
+    from dask_otel.spans import emitter
+
     plugin = dask_scheduler.plugins.get("dask-otel")
-    emitter = plugin and plugin._emitter
-    return len(emitter._pending) if emitter else 0
+    return emitter.shared().backlog if plugin is not None and plugin.settings else 0
 
 
 def main() -> None:

@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import dask
-from conftest import flush_emitters
+from conftest import flush_emitters, in_process_cluster
 from distributed import Client, LocalCluster
 from opentelemetry.trace import SpanKind
 from span_checks import (
@@ -89,6 +90,39 @@ def test_disabled_by_config(telemetry):
         patched = client.run(lambda dask_worker: "execute" in vars(dask_worker))
     assert telemetry.spans() == []
     assert not any(patched.values())
+
+
+class Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_disabled_plugin_from_a_preload_stays_quiet(telemetry):
+    """Off, the scheduler plugin a preload attached does nothing: its hooks raise nothing
+    (Dask would log "Plugin failed with exception" at each of every task's transitions)."""
+    records = Records()
+    scheduler_logger = logging.getLogger("distributed.scheduler")
+    scheduler_logger.addHandler(records)
+    level = scheduler_logger.level
+    scheduler_logger.setLevel(logging.INFO)
+    try:
+        with (
+            dask.config.set({"otel.enabled": False}),
+            in_process_cluster(n_workers=1, scheduler_kwargs={"preload": ["dask_otel"]}) as client,
+        ):
+            assert "dask-otel" in client.run_on_scheduler(
+                lambda dask_scheduler: list(dask_scheduler.plugins)
+            )
+            assert client.submit(inc, 1).result() == 2
+    finally:
+        scheduler_logger.removeHandler(records)
+        scheduler_logger.setLevel(level)
+    assert not [m for m in records.messages if "Plugin failed" in m]
+    assert telemetry.spans() == []
 
 
 def test_disabled_client_with_an_enabled_cluster(telemetry):

@@ -9,6 +9,8 @@ import time
 from conftest import flush_emitters, in_process_cluster
 from distributed import Event, wait
 
+from dask_otel.spans import emitter
+
 
 def blocked(name: str) -> None:
     Event(name).wait()
@@ -29,7 +31,7 @@ async def plugin_state(dask_scheduler) -> dict[str, int]:
     return {
         "tasks on the scheduler": len(dask_scheduler.tasks),
         **plugin.held(),
-        "emitter backlog": len(plugin._emitter._pending),
+        "emitter backlog": emitter.shared().backlog,
     }
 
 

@@ -68,6 +68,11 @@ class SpanEmitter:
         if self._thread is None:
             self._start()
 
+    @property
+    def backlog(self) -> int:
+        """Calls submitted and not taken by the thread yet (for tests and benchmarks)."""
+        return len(self._pending)
+
     def flush(self, timeout: float) -> bool:
         """Wait until everything submitted so far is emitted; False on timeout."""
         done = threading.Event()
