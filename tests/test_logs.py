@@ -14,7 +14,7 @@ from opentelemetry import trace
 from opentelemetry.instrumentation.logging.handler import LoggingHandler
 from opentelemetry.sdk._logs import LoggerProvider
 
-from dask_otel.signals import logs
+from dask_otel.signals import log_records, logs
 
 
 def log_marker(x: int) -> int:
@@ -117,7 +117,7 @@ def test_uninstall_puts_back_what_another_library_wrapped():
 def test_the_filter_keeps_no_record_alive():
     """A record's traceback holds its frames' locals (a task's data): the filter that
     exports each record once must not keep the last one alive."""
-    record_filter = logs.DaskRecordFilter()
+    record_filter = log_records.DaskRecordFilter()
     record = logging.LogRecord("user.code", logging.ERROR, __file__, 1, "failed", None, None)
     assert record_filter.filter(record)
     assert not record_filter.filter(record)  # seen by a second handler: exported once
@@ -230,9 +230,9 @@ def test_the_sdks_own_warnings_are_exported_sparingly(telemetry, cluster_client)
 
 
 def test_repeats_are_counted_when_the_window_is_over(monkeypatch):
-    repeats = logs.Repeats()
+    repeats = log_records.Repeats()
     clock = [1000.0]
-    monkeypatch.setattr(logs, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(log_records, "monotonic", lambda: clock[0])
 
     def record(message: str) -> logging.LogRecord:
         return logging.LogRecord("opentelemetry.sdk", logging.WARNING, "f", 1, message, (), None)
@@ -240,7 +240,7 @@ def test_repeats_are_counted_when_the_window_is_over(monkeypatch):
     assert repeats.admit(record("full"))
     assert not any(repeats.admit(record("full")) for _ in range(9))
     assert repeats.admit(record("other"))
-    clock[0] += logs.Repeats.WINDOW
+    clock[0] += log_records.Repeats.WINDOW
     later = record("full")
     assert repeats.admit(later)
     assert later.__dict__["dask_otel.log.repeated"] == 9

@@ -113,9 +113,10 @@ def test_a_blocked_event_loop_shows_in_the_tick_maximum(telemetry):
 
 def _observed(dask_worker) -> tuple[list[str], dict[str, int]]:
     """What this worker's process reports metrics of, and the clusters its records name."""
-    from dask_otel.signals import logs, metrics
+    from dask_otel import identity
+    from dask_otel.signals import metrics
 
-    return metrics.observed(), logs.clusters()
+    return metrics.observed(), identity.clusters()
 
 
 def test_a_forked_worker_reports_no_copy_of_its_parents_scheduler(telemetry):

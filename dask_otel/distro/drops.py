@@ -9,14 +9,13 @@ SDK's batch processors ignore it). dask-otel's export queues count both here, th
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 from collections import Counter
 
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from dask_otel import runtime
+from dask_otel import identity, runtime
 from dask_otel.runtime import report_once
 
 logger = logging.getLogger(__name__)
@@ -81,12 +80,10 @@ def _observe_dropped(options: CallbackOptions) -> list[Observation]:
         for reason in _DROP_REASONS:
             counts.setdefault((signal, reason), 0)
     # A scheduler or worker in this process names the cluster its losses belong to.
-    identity = {}
-    logs = sys.modules.get("dask_otel.signals.logs")
-    if logs is not None and "dask.cluster.id" in logs.identity:
-        identity["dask.cluster.id"] = logs.identity["dask.cluster.id"]
+    cluster = identity.attributes.get("dask.cluster.id")
+    named = {"dask.cluster.id": cluster} if cluster is not None else {}
     return [
-        Observation(count, {**identity, "dask_otel.signal": signal, "error.type": reason})
+        Observation(count, {**named, "dask_otel.signal": signal, "error.type": reason})
         for (signal, reason), count in sorted(counts.items())
     ]
 

@@ -39,7 +39,7 @@ from dask.utils import parse_timedelta
 from distributed.diagnostics.plugin import NannyPlugin
 from tornado.ioloop import PeriodicCallback
 
-from dask_otel import runtime
+from dask_otel import identity, runtime
 from dask_otel.plugins.activation import activate
 from dask_otel.plugins.deaths import (
     Death,
@@ -49,7 +49,7 @@ from dask_otel.plugins.deaths import (
     read_oom_kills,
 )
 from dask_otel.runtime import PLUGIN_NAME, report_once
-from dask_otel.signals import flight, logs, metrics
+from dask_otel.signals import flight, metrics
 from dask_otel.spans import emitter
 from dask_otel.version import __version__
 
@@ -177,7 +177,7 @@ class WorkerWatch:
             nanny.handlers["kill"] = nanny.kill
         if nanny.process is not None:  # registered while its worker runs
             nanny.process.on_exit = nanny._on_worker_exit_sync
-        logs.add_nanny(nanny.address, None)
+        identity.add_nanny(nanny.address, None)
         self._note_worker()
         self._callback.start()
         self._identity = asyncio.ensure_future(self._fetch_cluster_id())
@@ -195,7 +195,7 @@ class WorkerWatch:
         self._examine_remains()
         if not nanny.is_alive():  # no worker to wait for
             emitter.shared().submit(flight.disown, self.folder, self._mark)
-        logs.remove_nanny(nanny.address)
+        identity.remove_nanny(nanny.address)
         # The post-mortems in progress reach the export queues, which the process's exit
         # flushes (bounded): not waited for here, with a collector that may be down.
         await emitter.off_loop(emitter.shared().close, self.settings.flush_timeout)
@@ -244,7 +244,7 @@ class WorkerWatch:
             self._oom_kills = oom_kill_counter(pid)
         if self.worker != self.nanny.worker_address:  # known once the worker is up
             self.worker = self.nanny.worker_address
-            logs.add_nanny(self.nanny.address, self.worker)
+            identity.add_nanny(self.nanny.address, self.worker)
 
     def _read_memory(self) -> None:
         if self.nanny.pid != self.pid or self.worker is None:

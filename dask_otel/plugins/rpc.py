@@ -24,7 +24,7 @@ from distributed.comm.addressing import get_address_host_port
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from dask_otel.signals import logs
+from dask_otel import identity
 from dask_otel.spans import emitter, errors
 from dask_otel.spans.records import EndedSpans
 
@@ -94,7 +94,7 @@ def _request(state: _State, op: Any, comm: Any) -> tuple[trace.SpanContext, dict
     peer = getattr(comm, "peer_address", None)
     # Asked now: a transfer's DeferredSpan draws its id here, before any thread builds.
     return current.get_span_context(), {
-        **logs.identity,
+        **identity.attributes,
         "rpc.system.name": SYSTEM,
         "rpc.method": op,
         **peer_attributes(peer, "server"),
@@ -171,7 +171,7 @@ def traced_handler(handler: Callable[..., Any], op: str, spans: EndedSpans) -> C
         comm = args[0] if args else kwargs.get("comm")
         try:
             attributes = {
-                **logs.identity,
+                **identity.attributes,
                 "rpc.system.name": SYSTEM,
                 "rpc.method": op,
                 **peer_attributes(getattr(comm, "peer_address", None), "network.peer"),

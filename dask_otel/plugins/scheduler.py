@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from dask_otel import runtime
+from dask_otel import identity, runtime
 from dask_otel.plugins import rpc
 from dask_otel.plugins.activation import activate
 from dask_otel.plugins.anomalies import Anomalies
@@ -27,7 +27,7 @@ from dask_otel.plugins.graphs import Graphs
 from dask_otel.plugins.lifecycles import Lifecycles
 from dask_otel.plugins.scheduler_spans import FINAL_STATES, TaskSpans
 from dask_otel.runtime import PLUGIN_NAME
-from dask_otel.signals import events, logs, metrics
+from dask_otel.signals import events, metrics
 from dask_otel.spans import emitter, ids
 from dask_otel.spans.emitter import drain, off_loop
 
@@ -59,7 +59,7 @@ class _Tracing:
             settings.max_attribute_length,
             settings.logs_exclude_event_topics,
         )
-        logs.add_cluster(self.cluster_id)
+        identity.add_cluster(self.cluster_id)
         #: The scheduler's rpc handlers as they were before tracing wrapped them.
         self.handlers = rpc.trace_handlers(scheduler, tracer, settings)
         self.carriers = Carriers(scheduler)
@@ -139,7 +139,7 @@ class _Tracing:
         await off_loop(drain, self.emitter, self.providers, self.settings.flush_timeout)
         # After the final flush, whose collection still reads this scheduler.
         metrics.forget(self.meter_provider, self.scheduler)
-        logs.remove_cluster(self.cluster_id)
+        identity.remove_cluster(self.cluster_id)
 
 
 class DaskOtelSchedulerPlugin(SchedulerPlugin):

@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING, Any
 from distributed import core
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from dask_otel import runtime
+from dask_otel import identity, runtime
 from dask_otel.plugins import client, rpc
 from dask_otel.plugins.activation import activate
 from dask_otel.plugins.execution import ExecuteTracer
 from dask_otel.plugins.spill import SpillTracer
 from dask_otel.plugins.transfers import GetDataTracer, TransferTracer
 from dask_otel.runtime import PLUGIN_NAME
-from dask_otel.signals import logs, metrics
+from dask_otel.signals import metrics
 from dask_otel.spans import ids
 from dask_otel.spans.emitter import drain, off_loop
 
@@ -131,7 +131,7 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
         # trace, whichever way dask-otel came into this process.
         client.trace_submissions(client.IN_TASKS)
         metrics.observe_worker(meter_provider, worker, attributes)
-        logs.add_worker(worker.address)
+        identity.add_worker(worker.address)
         self._identity = asyncio.create_task(_fetch_cluster_id(worker, attributes))
 
     def flush(self, timeout: float) -> bool:
@@ -162,9 +162,9 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
         # The last collection still reads this worker: flush first, then let it go.
         await off_loop(drain, closing, self._providers, budget)
         metrics.forget(self._meter_provider, worker)
-        logs.remove_worker(worker.address)
+        identity.remove_worker(worker.address)
         if "dask.cluster.id" in attributes:  # the scheduler answered: named above
-            logs.remove_cluster(attributes["dask.cluster.id"])
+            identity.remove_cluster(attributes["dask.cluster.id"])
 
 
 async def _fetch_cluster_id(worker: Worker, attributes: dict[str, Any]) -> None:
@@ -175,9 +175,11 @@ async def _fetch_cluster_id(worker: Worker, attributes: dict[str, Any]) -> None:
         async with core.rpc(
             worker.scheduler.address, connection_args=worker.connection_args
         ) as scheduler:
-            identity = await asyncio.wait_for(scheduler.identity(n_workers=0), IDENTITY_TIMEOUT)
+            scheduler_identity = await asyncio.wait_for(
+                scheduler.identity(n_workers=0), IDENTITY_TIMEOUT
+            )
     except Exception as e:
         logger.warning("dask-otel: cannot read the scheduler's id, spans lack it: %r", e)
         return
-    attributes["dask.cluster.id"] = identity["id"]
-    logs.add_cluster(identity["id"])
+    attributes["dask.cluster.id"] = scheduler_identity["id"]
+    identity.add_cluster(scheduler_identity["id"])
