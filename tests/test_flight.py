@@ -56,18 +56,14 @@ CHILD = textwrap.dedent(
             trace.get_tracer_provider().force_flush()
     for i in range(records):
         logging.getLogger("child").warning("record %d", i)
-    # What the span queue holds as the process dies, taken under the queue's lock while no
-    # export is under way (its batch, out of the queue, is not exported yet).
-    queue = mirror.configured_processors[0].export_queue
-    while True:
-        queue._lock.acquire()
-        if not queue._in_flight:
-            break
-        queue._lock.release()
-    queued = [values[0] for values in queue._items]
-    print("QUEUED", *queued, sep="|", file=sys.stderr, flush=True)
-    print("DROPPED", drops.dropped().get(("traces", "queue_full"), 0), file=sys.stderr, flush=True)
-    os.kill(os.getpid(), signal.SIGKILL)
+    # What the span queue holds as the process dies, taken while no export is under way
+    # and none can start (its batch, out of the queue, is not exported yet).
+    with mirror.configured_processors[0].export_queue.held_still() as items:
+        queued = [values[0] for values in items]
+        dropped = drops.dropped().get(("traces", "queue_full"), 0)
+        print("QUEUED", *queued, sep="|", file=sys.stderr, flush=True)
+        print("DROPPED", dropped, file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
     """
 )
 

@@ -180,7 +180,7 @@ def test_a_users_provider_is_left_alone():
         sdk.DaskOtelConfigurator().configure()  # as opentelemetry-instrument would
         result = resources()
         result["same"] = trace.get_tracer_provider() is mine
-        result["owned"] = sdk._owned is not None
+        result["owned"] = sdk.owns_providers()
         queues = [k for k in sdk.ENV_DEFAULTS if k.startswith(("OTEL_BSP", "OTEL_BLRP"))]
         result["defaults"] = [k for k in queues if k in os.environ]
         print(json.dumps(result))

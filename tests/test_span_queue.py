@@ -119,12 +119,12 @@ def test_queued_spans_hold_no_objects_the_collector_tracks():
     attributes = {"dask.task.key": "x-1", "dask.task.attempts": 1, "dask.task.workers": ["a"]}
     for _ in range(3):
         tracer.start_span("task x", attributes=attributes).end()
-    queue = list(processor.export_queue._items)
-    gc.collect()
-    # One tuple per span: its attribute dict and everything else are untracked.
-    assert len(queue) == 3
-    for values in queue:
-        assert not [v for v in values if gc.is_tracked(v)]
+    with processor.export_queue.held_still() as queue:
+        gc.collect()
+        # One tuple per span: its attribute dict and everything else are untracked.
+        assert len(queue) == 3
+        for values in queue:
+            assert not [v for v in values if gc.is_tracked(v)]
     provider.shutdown()
     assert len(exporter.spans) == 3
 

@@ -20,7 +20,7 @@ import threading
 import time
 import weakref
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -223,6 +223,15 @@ class ExportQueue:
                 return True
         count_dropped(self.signal, reason, 1)
         return False
+
+    @contextlib.contextmanager
+    def held_still(self) -> Iterator[list[Any]]:
+        """The items queued, while no export is under way and none starts (for tests:
+        what a process killed at this moment leaves in its queue)."""
+        with self._lock:
+            while self._in_flight:
+                self._changed.wait()
+            yield list(self._items)
 
     def flush(self, timeout: float) -> bool:
         """Export everything queued so far; wait at most ``timeout`` seconds, and no longer

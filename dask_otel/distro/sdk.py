@@ -350,6 +350,11 @@ def configure(role: str) -> bool:
     return True  # by dask-otel, or by the user (after a failure of ours, too)
 
 
+def owns_providers() -> bool:
+    """Whether dask-otel configured this process's providers (not the user, nor nobody)."""
+    return _owned is not None
+
+
 def _retag(role: str) -> None:
     """Name the owned providers' resource after ``role``.
 
