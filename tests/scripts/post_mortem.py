@@ -48,6 +48,11 @@ def sleeper(marker: str) -> str:
     return "slept"
 
 
+def spans_built(dask_worker) -> bool:
+    """Whether the worker's dask-otel plugin built the spans of every attempt so far."""
+    return dask_worker.plugins["dask-otel"].flush(30)
+
+
 def main() -> None:
     address = sys.argv[1]
     observed: dict = {}
@@ -83,6 +88,10 @@ def main() -> None:
         observed["sigkill_worker"] = target
         observed["sigkill_pid"] = pid
         observed["sleeper"] = future.result(timeout=120)
+        # The workers build a finished task's span on a thread of their own, moments
+        # later: built before the test stops them, it waits in their export queues (and
+        # flight recorders) for their Nannies to send, which is what the test checks.
+        assert all(client.run(spans_built).values())
     print(json.dumps(observed))
 
 
