@@ -9,6 +9,7 @@ from time import time_ns
 from typing import TYPE_CHECKING, Any
 
 from distributed.utils import key_split_group
+from distributed.worker import WORKER_ANY_RUNNING
 from distributed.worker_state_machine import (
     ExecuteFailureEvent,
     ExecuteSuccessEvent,
@@ -66,7 +67,8 @@ class _Attempt:
         self.start_ns = start_ns
         self.end_ns = 0
         self.thread: int | None = None
-        #: The worker's state of the task at the end (``cancelled``: released meanwhile).
+        #: The worker's state of the task at the end (``cancelled``: released meanwhile,
+        #: or the worker no longer running).
         self.state: str | None = None
         #: (key, annotation) of its first dependencies, for links (no ``TaskState``: its
         #: ``run_spec`` would keep the dependency's arguments alive).
@@ -175,7 +177,9 @@ class ExecuteTracer(InstancePatch):
                 recorder.ended(slot)
             attempt.end_ns = time_ns()
             attempt.thread = self.worker.threads.get(key)
-            attempt.state = ts.state
+            # A worker the scheduler removed meanwhile (closing or closed) reports no
+            # span: the scheduler's ``attempt`` or ``task`` span stands for the attempt.
+            attempt.state = ts.state if self.worker.status in WORKER_ANY_RUNNING else "cancelled"
             if carrier is not None:
                 attempt.annotation = carriers.get(ts)
                 if attempt.outcome == "success" and not carrier.scheduler_spans:
