@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from dask_otel import runtime as telemetry
 from dask_otel.distro import mirror
-from dask_otel.signals import flight
+from dask_otel.signals import flight, flight_folders, flight_ring
 from dask_otel.signals.metrics import _disabled
 
 #: A process that configures the SDK as a dask-otel worker does (exports held for a
@@ -32,13 +32,13 @@ CHILD = textwrap.dedent(
     import logging, os, signal, sys
     from pathlib import Path
     from opentelemetry import trace
-    from dask_otel.signals import flight, logs
+    from dask_otel.signals import flight, flight_folders, logs
     from dask_otel.distro import drops, mirror, sdk
     from dask_otel import runtime as telemetry
 
     path, spans, flushed, records = sys.argv[1], *map(int, sys.argv[2:])
     path = path.format(pid=os.getpid())
-    flight.own(Path(path).parent)  # as a Nanny marks its directory
+    flight_folders.own(Path(path).parent)  # as a Nanny marks its directory
     assert sdk.configure("worker")
     recorder = flight.FlightRecorder(Path(path), 1 << 20, 16)
     recorder.identify(**{"dask.worker.address": "tcp://worker:1"})
@@ -161,13 +161,13 @@ def test_ring_keeps_the_newest_records(seed):
     rng = random.Random(seed)
     size = rng.randint(64, 4000)
     buffer = mmap.mmap(-1, 64 + size)
-    ring = flight.Ring(buffer, 0, 64, size)
+    ring = flight_ring.Ring(buffer, 0, 64, size)
     written = []
     for i in range(rng.randint(0, 500)):
         payload = bytes([i % 256]) * rng.randint(0, size // 3)
         ring.append(payload)
         written.append(payload)
-    contents = flight.read_ring(buffer, 0)
+    contents = flight_ring.read_ring(buffer, 0)
     kept = [payload for _, _, payload in contents.records]
     assert kept == written[len(written) - len(kept) :]
     assert [number for number, _, _ in contents.records] == list(
@@ -186,9 +186,9 @@ def test_a_closed_nannys_cleanup_spares_the_next_one_at_its_address(tmp_path):
     old one's cleanup, late in the background, leaves the new one's directory alone (its
     worker would otherwise find none and record nothing for the post-mortem)."""
     folder = tmp_path / "nanny-at-a-reused-port"
-    old = flight.own(folder)
-    new = flight.own(folder)
-    flight.disown(folder, old)
-    assert flight.mark_of(folder) == new
-    flight.disown(folder, new)
+    old = flight_folders.own(folder)
+    new = flight_folders.own(folder)
+    flight_folders.disown(folder, old)
+    assert flight_folders.mark_of(folder) == new
+    flight_folders.disown(folder, new)
     assert not folder.exists()

@@ -36,7 +36,7 @@ from opentelemetry.trace import StatusCode
 from test_flight import run_child
 
 import dask_otel
-from dask_otel.signals import flight
+from dask_otel.signals import flight_folders
 from dask_otel.spans import emitter
 from dask_otel.tools.report import render
 from dask_otel.tools.summary import summarize
@@ -384,7 +384,7 @@ def test_a_nanny_cleans_up_after_one_that_is_gone(tmp_path, telemetry, monkeypat
     monkeypatch.setattr(tempfile, "tempdir", None)
     for name in ("TRACES", "METRICS", "LOGS"):  # worker processes export nowhere
         monkeypatch.setenv(f"OTEL_{name}_EXPORTER", "none")
-    orphan = flight.root() / "0123456789abcdef"
+    orphan = flight_folders.root() / "0123456789abcdef"
     orphan.mkdir(parents=True)
     run_child(orphan, spans=5)  # marks the directory as its own, dies with 5 spans queued
     with in_process_cluster(n_workers=1, processes=True, host="127.0.0.1") as client:
@@ -394,4 +394,4 @@ def test_a_nanny_cleans_up_after_one_that_is_gone(tmp_path, telemetry, monkeypat
     assert sorted(s.name for s in sent) == [f"span {i}" for i in range(5)]
     assert {s.resource.attributes["service.name"] for s in sent} == {"dask-worker"}
     assert not orphan.exists()
-    assert list(flight.root().iterdir()) == []  # this test's Nanny cleaned up after itself
+    assert list(flight_folders.root().iterdir()) == []  # this test's Nanny cleaned up after itself

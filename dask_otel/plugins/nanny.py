@@ -49,7 +49,7 @@ from dask_otel.plugins.deaths import (
     read_oom_kills,
 )
 from dask_otel.runtime import PLUGIN_NAME, report_once
-from dask_otel.signals import flight, metrics
+from dask_otel.signals import flight, flight_folders, metrics
 from dask_otel.spans import emitter
 from dask_otel.version import __version__
 
@@ -134,7 +134,7 @@ class WorkerWatch:
         self.nanny = nanny
         self.providers = providers
         self.settings = settings
-        self.folder = flight.directory(nanny.address)
+        self.folder = flight_folders.directory(nanny.address)
         self._logger = providers.logger_provider.get_logger(f"{runtime.SCOPE}.nanny", __version__)
         interval = parse_timedelta(
             dask.config.get("distributed.worker.memory.monitor-interval"), default="ms"
@@ -165,9 +165,9 @@ class WorkerWatch:
         nanny = self.nanny
         if self.settings.flight_recorder_size:
             with contextlib.suppress(OSError):
-                self._mark = flight.own(self.folder)
+                self._mark = flight_folders.own(self.folder)
             self._examine_remains()  # left by an earlier Nanny at this address
-            for folder in flight.orphans(self.folder):  # and by Nannies that are gone
+            for folder in flight_folders.orphans(self.folder):  # and by Nannies that are gone
                 emitter.shared().submit(self._clean_up_after, folder)
         self._wrap("log_event", self._log_event)
         self._wrap("kill", self._kill)
@@ -194,7 +194,7 @@ class WorkerWatch:
             nanny.__dict__.pop(name, None)
         self._examine_remains()
         if not nanny.is_alive():  # no worker to wait for
-            emitter.shared().submit(flight.disown, self.folder, self._mark)
+            emitter.shared().submit(flight_folders.disown, self.folder, self._mark)
         identity.remove_nanny(nanny.address)
         # The post-mortems in progress reach the export queues, which the process's exit
         # flushes (bounded): not waited for here, with a collector that may be down.
@@ -312,14 +312,14 @@ class WorkerWatch:
     def _clean_up_after(self, folder: Path) -> None:
         """In the background: what the dead workers of a Nanny that is gone left, sent,
         and its directory removed (once its workers, which may outlive it, are dead)."""
-        mark = flight.mark_of(folder)
+        mark = flight_folders.mark_of(folder)
         for path in _dead_recorders(folder):
             self._recover(path)
-        flight.disown(folder, mark)
+        flight_folders.disown(folder, mark)
 
     def _recover(self, path: Path) -> flight.Wreck | None:
         """In the background: export what the recorder at ``path`` held unexported."""
-        claimed = flight.claim(path)
+        claimed = flight_folders.claim(path)
         if claimed is None:
             return None
         wreck = flight.read(claimed)
@@ -334,9 +334,9 @@ class WorkerWatch:
         return wreck
 
     def _post_mortem(self, death: Death, attributes: dict[str, Any]) -> None:
-        wreck = self._recover(flight.path_of(self.nanny.address, death.pid))
+        wreck = self._recover(flight_folders.path_of(self.nanny.address, death.pid))
         if self._closed:  # the last worker of this Nanny
-            flight.disown(self.folder, self._mark)
+            flight_folders.disown(self.folder, self._mark)
         if not death.expected:
             record = DeathRecord(death, wreck, attributes, self.settings)
             record.emit(self._logger, self.providers.tracer())
@@ -346,6 +346,6 @@ def _dead_recorders(folder: Path, *spared: int | None) -> list[Path]:
     """The recorders in ``folder`` of worker processes that are gone (not ``spared``)."""
     return [
         path
-        for pid, path in flight.recorders(folder)
+        for pid, path in flight_folders.recorders(folder)
         if pid not in spared and not psutil.pid_exists(pid)
     ]

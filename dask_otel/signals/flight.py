@@ -14,266 +14,50 @@ the file, not to the process: whatever kills the worker (SIGKILL, the memory mon
 the kernel's OOM killer, a segfault), its Nanny reads what was written, exports the
 records that were queued but never exported (under the worker's own resource) and says
 what the worker was running. A worker that closes normally deletes its file.
+
+Here: the file's layout, the worker's end (:class:`FlightRecorder`) and the Nanny's
+(:func:`read`). The rings that hold the records are :mod:`dask_otel.signals.flight_ring`;
+where the files live, :mod:`dask_otel.signals.flight_folders`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import getpass
-import hashlib
 import logging
 import marshal
 import mmap
 import os
 import struct
-import tempfile
 import threading
-import time
-import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dask_otel.config import FLIGHT_RECORDER_MIN_SIZE
 from dask_otel.runtime import report_once
+from dask_otel.signals.flight_folders import SUFFIX, directory
+from dask_otel.signals.flight_ring import Ring, RingContents, read_ring
 
 logger = logging.getLogger(__name__)
 
 MAGIC = b"DOTELFR1"
 #: Header: magic, pid, slots, slot size, meta size, then one block per ring.
 _HEADER = struct.Struct("<8sIIII")
-#: A ring's block in the header: offset, size, head, tail, appended, exported.
-_RING = struct.Struct("<6Q")
-_RING_STATE = struct.Struct("<3Q")  # head, tail, appended (written after each record)
-_COUNT = struct.Struct("<Q")
 _RING_BLOCKS = (64, 128)  # header offsets of the span ring's block and the log ring's
-_LENGTH = struct.Struct("<I")
-#: Before each record: payload length, number (0, 1, ... per ring), and the numbers of
-#: its resource and instrumentation scope.
-_RECORD = struct.Struct("<IQHH")
-#: Where a record did not fit before the end of the ring: the next one is at its start.
-_WRAP = 0xFFFFFFFF
 
 HEADER_SIZE = 4096
+#: The identity and resources: their length, then their marshalled dict.
 META_SIZE = 61440
+_META_LENGTH = struct.Struct("<I")
 #: An attempt's slot: state, length, then (key, prefix, annotation, run id, start).
 SLOT_SIZE = 512
 _SLOT = struct.Struct("<II")
+_SLOT_STATE = struct.Struct("<I")  # the slot's first field
 #: Slot states: free; executing; finished, its span not built yet (in the emitter's queue).
 FREE, EXECUTING, FINISHED = 0, 1, 2
 #: Attempt slots: tasks executing, and finished ones whose spans wait to be built.
 SLOTS = 256
 #: Share of the rings' space that holds spans; log records get the rest.
 SPAN_SHARE = 0.75
-#: Smallest size (the settings refuse less).
-MIN_SIZE = FLIGHT_RECORDER_MIN_SIZE
-#: File name suffix; the stem is the worker's pid.
-SUFFIX = ".flight"
-
-
-def root() -> Path:
-    """The directory of this user's Nannies' directories (one machine-wide, per user)."""
-    try:
-        user = str(os.getuid())
-    except AttributeError:  # Windows
-        user = getpass.getuser()
-    return Path(tempfile.gettempdir()) / f"dask-otel-{user}"
-
-
-def directory(nanny_address: str) -> Path:
-    """Where the Nanny at ``nanny_address`` and its workers keep flight recorders.
-
-    Both ends derive it from the Nanny's address (the worker knows it from Dask), so
-    nothing is passed between them, whichever way dask-otel reached either process.
-    """
-    digest = hashlib.sha1(nanny_address.encode(), usedforsecurity=False).hexdigest()[:16]
-    return root() / digest
-
-
-def path_of(nanny_address: str, pid: int) -> Path:
-    return directory(nanny_address) / f"{pid}{SUFFIX}"
-
-
-#: In each Nanny's directory: its pid and start time, by which another Nanny tells that
-#: it is gone (SIGKILLed, say) and cleans up after it, and a token of the Nanny itself (a
-#: new Nanny at a reused address must not lose its directory to the old one's cleanup).
-OWNER = "nanny"
-#: A directory without its owner's mark is left alone this long (being made, maybe).
-UNMARKED_GRACE = 60.0
-
-
-def own(folder: Path) -> str:
-    """Make ``folder`` (private to this user) and mark it as this Nanny's; the mark."""
-    folder.parent.mkdir(mode=0o700, exist_ok=True)
-    folder.mkdir(mode=0o700, exist_ok=True)
-    mark = f"{os.getpid()} {_started(os.getpid())!r} {uuid.uuid4().hex}"
-    (folder / OWNER).write_text(mark)
-    return mark
-
-
-def mark_of(folder: Path) -> str | None:
-    try:
-        return (folder / OWNER).read_text()
-    except OSError:
-        return None
-
-
-def disown(folder: Path, mark: str | None) -> None:
-    """Remove the mark and the directory, if no recorder is left in it and the folder
-    still holds ``mark`` (None: it holds none)."""
-    if mark_of(folder) != mark:
-        return
-    with contextlib.suppress(OSError):
-        (folder / OWNER).unlink()
-    with contextlib.suppress(OSError):
-        folder.rmdir()
-
-
-def orphans(mine: Path) -> Iterator[Path]:
-    """The other Nannies' directories whose Nanny is gone."""
-    with contextlib.suppress(OSError):
-        for folder in mine.parent.iterdir():
-            if folder != mine and folder.is_dir() and not _owner_alive(folder):
-                yield folder
-
-
-def _owner_alive(folder: Path) -> bool:
-    try:
-        pid, started, _ = (folder / OWNER).read_text().split()
-    except (OSError, ValueError):
-        try:
-            return time.time() - folder.stat().st_mtime < UNMARKED_GRACE
-        except OSError:
-            return False
-    return _started(int(pid)) == float(started)
-
-
-def _started(pid: int) -> float | None:
-    """When process ``pid`` started (None: there is none): a pid reused since is not it."""
-    import psutil
-
-    try:
-        return psutil.Process(pid).create_time()  # type: ignore[no-any-return]
-    except psutil.Error:
-        return None
-
-
-def claim(path: Path) -> Path | None:
-    """Take the recorder at ``path`` for this process to read (renamed: two Nannies
-    cleaning up after a third never both send it); None if another took it first."""
-    claimed = path.with_name(f"{path.name}.{os.getpid()}")
-    try:
-        path.rename(claimed)
-    except OSError:
-        return None
-    return claimed
-
-
-class Ring:
-    """Length-prefixed records in a region of the file, the oldest overwritten first.
-
-    Records are numbered 0, 1, ... as appended; ``exported`` is the count of those known
-    to have left the export queue (all up to the newest one exported). A record's bytes
-    are written before the head that makes it visible moves past them: a writer killed
-    in the middle leaves the previous records intact.
-    """
-
-    def __init__(self, buffer: mmap.mmap, block: int, offset: int, size: int) -> None:
-        self.buffer = buffer
-        self.block = block
-        self.offset = offset
-        self.size = size
-        #: Bytes ever written (wrapping padding included) and where the oldest record
-        #: still intact starts, both as positions in that endless stream.
-        self.head = 0
-        self.tail = 0
-        self.appended = 0
-        #: Records too large for the ring, not kept.
-        self.skipped = 0
-        _RING.pack_into(buffer, block, offset, size, 0, 0, 0, 0)
-
-    def append(self, payload: bytes, resource: int = 0, scope: int = 0) -> int | None:
-        """Append a record (with the numbers of its resource and scope); returns its
-        number (None: too large, not kept)."""
-        n = _RECORD.size + len(payload)
-        size = self.size
-        if n > size:
-            self.skipped += 1
-            return None
-        buffer, offset, head, tail = self.buffer, self.offset, self.head, self.tail
-        at = head % size
-        pad = size - at if at + n > size else 0
-        end = head + pad + n
-        if tail < end - size:
-            while tail < end - size:  # make room: forget the oldest records
-                position = tail % size
-                room = size - position
-                if room < _RECORD.size:
-                    tail += room
-                    continue
-                (length,) = _LENGTH.unpack_from(buffer, offset + position)
-                tail += room if length == _WRAP else _RECORD.size + length
-            self.tail = tail
-            _COUNT.pack_into(buffer, self.block + 24, tail)  # before overwriting them
-        if pad:
-            if pad >= _LENGTH.size:
-                _LENGTH.pack_into(buffer, offset + at, _WRAP)
-            at = 0
-        number = self.appended
-        start = offset + at
-        buffer[start : start + n] = _RECORD.pack(len(payload), number, resource, scope) + payload
-        self.head = end
-        self.appended = number + 1
-        _RING_STATE.pack_into(buffer, self.block + 16, end, tail, number + 1)
-        return number
-
-    def note_exported(self, count: int) -> None:
-        """Records numbered below ``count`` have left the export queue."""
-        _COUNT.pack_into(self.buffer, self.block + 40, count)
-
-
-@dataclass(frozen=True)
-class RingContents:
-    """What a ring held when its writer stopped."""
-
-    #: (number, (resource, scope), payload), oldest first.
-    records: list[tuple[int, tuple[int, int], bytes]]
-    appended: int
-    #: Records numbered below this left the export queue (exported, or dropped).
-    gone: int
-
-    def decoded(self, first: int = 0) -> list[tuple[tuple[int, int], Any]]:
-        """((resource, scope), values) of the records numbered ``first`` and later."""
-        return [(objects, marshal.loads(p)) for n, objects, p in self.records if n >= first]
-
-    def unexported(self) -> list[tuple[tuple[int, int], Any]]:
-        return self.decoded(self.gone)
-
-    def lost(self) -> int:
-        """Records still queued for export that the ring no longer held (overwritten)."""
-        oldest = self.records[0][0] if self.records else self.appended
-        return max(0, oldest - self.gone)
-
-
-def read_ring(buffer: bytes | mmap.mmap, block: int) -> RingContents:
-    offset, size, head, tail, appended, gone = _RING.unpack_from(buffer, block)
-    records = []
-    position = tail
-    while position < head:
-        at = position % size
-        room = size - at
-        if room < _RECORD.size:
-            position += room
-            continue
-        length, number, resource, scope = _RECORD.unpack_from(buffer, offset + at)
-        if length == _WRAP:
-            position += room
-            continue
-        start = offset + at + _RECORD.size
-        records.append((number, (resource, scope), bytes(buffer[start : start + length])))
-        position += _RECORD.size + length
-    return RingContents(records, appended, gone)
 
 
 class FlightRecorder:
@@ -330,12 +114,12 @@ class FlightRecorder:
 
     def _write_meta(self) -> None:
         data = marshal.dumps(self._meta)
-        if len(data) > META_SIZE - _LENGTH.size:
+        if len(data) > META_SIZE - _META_LENGTH.size:
             logger.warning("dask-otel: flight recorder: identity too large, not recorded")
             return
-        start = HEADER_SIZE + _LENGTH.size
+        start = HEADER_SIZE + _META_LENGTH.size
         self.buffer[start : start + len(data)] = data
-        _LENGTH.pack_into(self.buffer, HEADER_SIZE, len(data))
+        _META_LENGTH.pack_into(self.buffer, HEADER_SIZE, len(data))
 
     # -- attempts --------------------------------------------------------------------------
     #
@@ -361,12 +145,12 @@ class FlightRecorder:
     def ended(self, slot: int) -> None:
         """The attempt is over; its span is yet to be built."""
         if slot >= 0:
-            _LENGTH.pack_into(self.buffer, self._slot_offset(slot), FINISHED)
+            _SLOT_STATE.pack_into(self.buffer, self._slot_offset(slot), FINISHED)
 
     def reported(self, slot: int) -> None:
         """Its span is built (and copied with the span queue): the slot is free again."""
         if slot >= 0:
-            _LENGTH.pack_into(self.buffer, self._slot_offset(slot), FREE)
+            _SLOT_STATE.pack_into(self.buffer, self._slot_offset(slot), FREE)
             self._free.append(slot)
 
     def _slot_offset(self, slot: int) -> int:
@@ -474,7 +258,7 @@ def read(path: Path) -> Wreck | None:
     magic, pid, slots, slot_size, meta_size = _HEADER.unpack_from(data, 0)
     if magic != MAGIC:
         return None
-    (length,) = _LENGTH.unpack_from(data, HEADER_SIZE)
+    (length,) = _META_LENGTH.unpack_from(data, HEADER_SIZE)
     meta = marshal.loads(data[HEADER_SIZE + 4 : HEADER_SIZE + 4 + length]) if length else {}
     attempts = []
     for slot in range(slots):
@@ -488,14 +272,6 @@ def read(path: Path) -> Wreck | None:
     wreck.unexported_spans = spans.unexported()
     wreck.unexported_logs = logs.unexported()
     return wreck
-
-
-def recorders(folder: Path) -> Iterator[tuple[int, Path]]:
-    """(pid, path) of every flight recorder in ``folder``."""
-    with contextlib.suppress(OSError):
-        for path in folder.iterdir():
-            if path.suffix == SUFFIX and path.stem.isdigit():
-                yield int(path.stem), path
 
 
 def open_for(worker: Any, size: int) -> FlightRecorder | None:
