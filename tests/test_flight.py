@@ -13,6 +13,7 @@ import sys
 import textwrap
 
 import pytest
+from opentelemetry.metrics import NoOpMeterProvider
 from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
 from opentelemetry.sdk.trace import TracerProvider
@@ -22,7 +23,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from dask_otel import runtime as telemetry
 from dask_otel.distro import mirror
 from dask_otel.signals import flight, flight_folders, flight_ring
-from dask_otel.signals.metrics import _disabled
 
 #: A process that configures the SDK as a dask-otel worker does (exports held for a
 #: minute), copies its queues to a flight recorder, makes spans and log records, and
@@ -98,7 +98,7 @@ def recovered(wreck):
     tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
     logger_provider = LoggerProvider()
     logger_provider.add_log_record_processor(SimpleLogRecordProcessor(records))
-    providers = telemetry.Providers(tracer_provider, _disabled, logger_provider)
+    providers = telemetry.Providers(tracer_provider, NoOpMeterProvider(), logger_provider)
     handed = mirror.recover(providers, wreck.objects, wreck.unexported_spans, wreck.unexported_logs)
     return handed, spans.get_finished_spans(), [r.log_record for r in records.get_finished_logs()]
 
