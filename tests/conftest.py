@@ -7,6 +7,7 @@ import dataclasses
 import inspect
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -197,23 +198,51 @@ def processes(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Proces
 #: Fixtures that make a test end-to-end: real processes, or the real OTLP exporters into a
 #: receiver on 127.0.0.1.
 E2E_FIXTURES = frozenset({"processes", "receiver"})
-#: What a test's own source calls to start a Dask cluster or another process.
-E2E_CALLS = ("in_process_cluster(", "LocalCluster(", "gen_cluster", "subprocess", "Client(")
+#: What a test's source, or that of a helper it calls, calls to start a Dask cluster or
+#: another process, or to export over OTLP.
+E2E_CALLS = (
+    "in_process_cluster(",
+    "LocalCluster(",
+    "gen_cluster",
+    "subprocess",
+    "Client(",
+    "fork(",
+    # a real OTLP exporter, or a server on 127.0.0.1 for one to export to
+    "OTLPSpanExporter(",
+    "OTLPLogExporter(",
+    "OTLPMetricExporter(",
+    "OTLPReceiver(",
+    "StalledCollector(",
+)
 
 
 def _end_to_end(item: pytest.Item) -> bool:
     if E2E_FIXTURES & set(getattr(item, "fixturenames", ())) or "e2e" in item.path.stem:
         return True
+    return _reaches_out(getattr(item, "function", None), helpers=True)
+
+
+def _reaches_out(function: object, helpers: bool) -> bool:
+    """Whether ``function``'s source, or with ``helpers`` that of a function it calls by
+    name (``run_demo(...)``, say), starts a cluster or a process or exports over OTLP."""
     try:
-        source = inspect.getsource(item.function)  # type: ignore[attr-defined]
-    except (AttributeError, OSError, TypeError):
+        source = inspect.getsource(function)  # type: ignore[arg-type]
+    except (OSError, TypeError):
         return False
-    return any(call in source for call in E2E_CALLS)
+    if any(call in source for call in E2E_CALLS):
+        return True
+    names = getattr(function, "__globals__", {})
+    called = {names.get(name) for name in re.findall(r"\b(\w+)\(", source)}
+    return helpers and any(
+        _reaches_out(helper, helpers=False)
+        for helper in called
+        if inspect.isfunction(helper) and helper is not function
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark tests that start clusters or processes ``e2e``: ``pytest -m "not e2e"`` is the
-    quick unit run."""
+    """Mark tests that start clusters or processes, or export over OTLP, ``e2e``:
+    ``pytest -m "not e2e"`` is the quick unit run."""
     for item in items:
         if _end_to_end(item):
             item.add_marker(pytest.mark.e2e)

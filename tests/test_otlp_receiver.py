@@ -6,7 +6,6 @@ import gzip
 import logging
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 
 import pytest
 from opentelemetry import trace
@@ -46,12 +45,6 @@ from otlp_receiver import OTLPReceiver, any_value_to_python
 
 RESOURCE = Resource.create({"service.name": "otlp-receiver-test"})
 PARENT_ATTRIBUTES = {"dask.key": "x-1", "n": 3, "ratio": 0.5, "tags": ["a", "b"]}
-
-
-@pytest.fixture
-def rx() -> Iterator[OTLPReceiver]:
-    with OTLPReceiver() as receiver:
-        yield receiver
 
 
 def _hex(value: int, width: int) -> str:
@@ -193,46 +186,48 @@ def _assert_metrics(rx: OTLPReceiver) -> None:
 # ----------------------------------------------------------------------------- gRPC
 
 
-def test_traces_grpc(rx: OTLPReceiver) -> None:
-    parent_ctx, child_ctx = _emit_spans(GrpcSpanExporter(endpoint=rx.grpc_endpoint, insecure=True))
-    _assert_spans(rx, parent_ctx, child_ctx)
-    assert rx.requests.get(("grpc", "traces"), 0) >= 1
+def test_traces_grpc(receiver: OTLPReceiver) -> None:
+    parent_ctx, child_ctx = _emit_spans(
+        GrpcSpanExporter(endpoint=receiver.grpc_endpoint, insecure=True)
+    )
+    _assert_spans(receiver, parent_ctx, child_ctx)
+    assert receiver.requests.get(("grpc", "traces"), 0) >= 1
 
 
-def test_logs_grpc(rx: OTLPReceiver) -> None:
-    span_ctx = _emit_logs(GrpcLogExporter(endpoint=rx.grpc_endpoint, insecure=True))
-    _assert_logs(rx, span_ctx)
-    assert rx.requests.get(("grpc", "logs"), 0) >= 1
+def test_logs_grpc(receiver: OTLPReceiver) -> None:
+    span_ctx = _emit_logs(GrpcLogExporter(endpoint=receiver.grpc_endpoint, insecure=True))
+    _assert_logs(receiver, span_ctx)
+    assert receiver.requests.get(("grpc", "logs"), 0) >= 1
 
 
-def test_metrics_grpc(rx: OTLPReceiver) -> None:
-    _emit_metrics(GrpcMetricExporter(endpoint=rx.grpc_endpoint, insecure=True))
-    _assert_metrics(rx)
-    assert rx.requests.get(("grpc", "metrics"), 0) >= 1
+def test_metrics_grpc(receiver: OTLPReceiver) -> None:
+    _emit_metrics(GrpcMetricExporter(endpoint=receiver.grpc_endpoint, insecure=True))
+    _assert_metrics(receiver)
+    assert receiver.requests.get(("grpc", "metrics"), 0) >= 1
 
 
 # ----------------------------------------------------------------------------- HTTP
 
 
-def test_traces_http_gzip(rx: OTLPReceiver) -> None:
+def test_traces_http_gzip(receiver: OTLPReceiver) -> None:
     exporter = HttpSpanExporter(
-        endpoint=f"{rx.http_endpoint}/v1/traces", compression=Compression.Gzip
+        endpoint=f"{receiver.http_endpoint}/v1/traces", compression=Compression.Gzip
     )
     parent_ctx, child_ctx = _emit_spans(exporter)
-    _assert_spans(rx, parent_ctx, child_ctx)
-    assert set(rx.requests) == {("http", "traces")}
+    _assert_spans(receiver, parent_ctx, child_ctx)
+    assert set(receiver.requests) == {("http", "traces")}
 
 
-def test_logs_http(rx: OTLPReceiver) -> None:
-    span_ctx = _emit_logs(HttpLogExporter(endpoint=f"{rx.http_endpoint}/v1/logs"))
-    _assert_logs(rx, span_ctx)
-    assert set(rx.requests) == {("http", "logs")}
+def test_logs_http(receiver: OTLPReceiver) -> None:
+    span_ctx = _emit_logs(HttpLogExporter(endpoint=f"{receiver.http_endpoint}/v1/logs"))
+    _assert_logs(receiver, span_ctx)
+    assert set(receiver.requests) == {("http", "logs")}
 
 
-def test_metrics_http(rx: OTLPReceiver) -> None:
-    _emit_metrics(HttpMetricExporter(endpoint=f"{rx.http_endpoint}/v1/metrics"))
-    _assert_metrics(rx)
-    assert set(rx.requests) == {("http", "metrics")}
+def test_metrics_http(receiver: OTLPReceiver) -> None:
+    _emit_metrics(HttpMetricExporter(endpoint=f"{receiver.http_endpoint}/v1/metrics"))
+    _assert_metrics(receiver)
+    assert set(receiver.requests) == {("http", "metrics")}
 
 
 def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, str, bytes]:
@@ -244,23 +239,25 @@ def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, str, byt
         return error.code, error.headers["Content-Type"], error.read()
 
 
-def test_http_protocol_details(rx: OTLPReceiver) -> None:
+def test_http_protocol_details(receiver: OTLPReceiver) -> None:
     body = ExportTraceServiceRequest().SerializeToString()
     protobuf = {"Content-Type": "application/x-protobuf"}
 
     status, content_type, reply = _post(
-        f"{rx.http_endpoint}/v1/traces",
+        f"{receiver.http_endpoint}/v1/traces",
         gzip.compress(body),
         {**protobuf, "Content-Encoding": "gzip"},
     )
     assert (status, content_type) == (200, "application/x-protobuf")
     assert ExportTraceServiceResponse.FromString(reply) == ExportTraceServiceResponse()
-    assert rx.requests == {("http", "traces"): 1}
+    assert receiver.requests == {("http", "traces"): 1}
 
-    assert _post(f"{rx.http_endpoint}/v1/nope", body, protobuf)[0] == 404
-    assert _post(f"{rx.http_endpoint}/v1/traces", b"{}", {"Content-Type": "text/json"})[0] == 415
-    assert _post(f"{rx.http_endpoint}/v1/traces", b"\xff\xff", protobuf)[0] == 400
-    assert rx.requests == {("http", "traces"): 1}
+    assert _post(f"{receiver.http_endpoint}/v1/nope", body, protobuf)[0] == 404
+    assert (
+        _post(f"{receiver.http_endpoint}/v1/traces", b"{}", {"Content-Type": "text/json"})[0] == 415
+    )
+    assert _post(f"{receiver.http_endpoint}/v1/traces", b"\xff\xff", protobuf)[0] == 400
+    assert receiver.requests == {("http", "traces"): 1}
 
 
 # ----------------------------------------------------------------------------- receiver API
@@ -292,28 +289,33 @@ def test_any_value_decoding() -> None:
     assert any_value_to_python(AnyValue()) is None
 
 
-def test_wait_for_clear_and_stop(rx: OTLPReceiver) -> None:
-    _emit_spans(GrpcSpanExporter(endpoint=rx.grpc_endpoint, insecure=True))
-    assert rx.wait_for(lambda r: r.spans(name="child"), timeout=10)[0]["name"] == "child"
+def test_wait_for_clear_and_stop(receiver: OTLPReceiver) -> None:
+    _emit_spans(GrpcSpanExporter(endpoint=receiver.grpc_endpoint, insecure=True))
+    assert receiver.wait_for(lambda r: r.spans(name="child"), timeout=10)[0]["name"] == "child"
 
     with pytest.raises(AssertionError, match=r"2 spans.*'child', 'parent'.*IndexError"):
-        rx.wait_for(lambda r: r.spans(name="missing")[0], timeout=0.2, poll=0.05)
+        receiver.wait_for(lambda r: r.spans(name="missing")[0], timeout=0.2, poll=0.05)
 
-    rx.clear()
-    assert (rx.spans(), rx.log_records(), rx.metrics(), rx.requests) == ([], [], [], {})
-    rx.stop()
-    rx.stop()  # idempotent
+    receiver.clear()
+    assert (receiver.spans(), receiver.log_records(), receiver.metrics(), receiver.requests) == (
+        [],
+        [],
+        [],
+        {},
+    )
+    receiver.stop()
+    receiver.stop()  # idempotent
 
 
-def test_drain_takes_what_arrived_once(rx: OTLPReceiver) -> None:
-    _emit_spans(GrpcSpanExporter(endpoint=rx.grpc_endpoint, insecure=True))
-    _emit_logs(GrpcLogExporter(endpoint=rx.grpc_endpoint, insecure=True))
-    rx.wait_for(lambda r: r.spans(name="child") and r.log_records(), timeout=10)
+def test_drain_takes_what_arrived_once(receiver: OTLPReceiver) -> None:
+    _emit_spans(GrpcSpanExporter(endpoint=receiver.grpc_endpoint, insecure=True))
+    _emit_logs(GrpcLogExporter(endpoint=receiver.grpc_endpoint, insecure=True))
+    receiver.wait_for(lambda r: r.spans(name="child") and r.log_records(), timeout=10)
 
-    spans, logs, points = rx.drain()
+    spans, logs, points = receiver.drain()
     assert sorted(s["name"] for s in spans) == ["child", "parent"]
     assert len(logs) == 2  # the warning in the span, "outside"
     assert points == []
-    assert rx.drain() == ([], [], [])
-    assert (rx.spans(), rx.log_records()) == ([], [])
-    assert rx.requests[("grpc", "traces")] >= 1  # request counts are kept
+    assert receiver.drain() == ([], [], [])
+    assert (receiver.spans(), receiver.log_records()) == ([], [])
+    assert receiver.requests[("grpc", "traces")] >= 1  # request counts are kept
