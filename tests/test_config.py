@@ -164,6 +164,23 @@ def test_a_misspelt_choice_names_the_closest_valid_one():
         load_settings()
 
 
+def test_settings_follow_every_change_of_the_config():
+    """A client loads its settings on every submission, from what it validated last while
+    the config is unchanged: any change shows at the next load, an invalid one raises."""
+    assert load_settings() == load_settings()
+    with dask.config.set({"otel.task.max-events": 3}):
+        assert load_settings().max_task_events == 3
+        dask.config.get("otel.task")["max-events"] = 4  # in place, as code can
+        assert load_settings().max_task_events == 4
+        dask.config.get("otel.logs.loggers").append("mine")
+        assert load_settings().logs_loggers[-1] == "mine"
+        dask.config.get("otel.logs.loggers").pop()
+        with dask.config.set({"otel.task.max-events": -1}), pytest.raises(ConfigError):
+            load_settings()
+        assert load_settings().max_task_events == 4
+    assert load_settings().max_task_events == 16
+
+
 @pytest.mark.parametrize("value", [[5], {"seconds": 5}, "1e400"])
 def test_unparseable_duration_raises_config_error(value):
     with dask.config.set({"otel.flush-timeout": value}), pytest.raises(ConfigError) as info:
