@@ -36,11 +36,10 @@ def disabled_by_environment() -> bool:
 def activate(role: str, server: Any = None) -> Settings | None:
     """Validated settings if dask-otel should run in this ``role``, else None.
 
-    Configures the OpenTelemetry SDK from ``OTEL_*`` variables when nothing configured it
-    yet (a worker reached only through a plugin; if that fails, it says why once and
-    returns None), names the process after ``role`` and bridges Python logging.
-    ``server`` is the scheduler or worker dask-otel is about to instrument. Invalid
-    ``otel.*`` settings: see the module's docstring.
+    Two steps, both cheap once done, for a client activates on every submission: whether
+    to run (the kill switches, and the settings, which follow every change of ``otel.*``),
+    then :func:`_set_up`. ``server`` is the scheduler or worker dask-otel is about to
+    instrument. Invalid ``otel.*`` settings: see the module's docstring.
     """
     from dask_otel.config import ConfigError, load_settings
 
@@ -50,8 +49,20 @@ def activate(role: str, server: Any = None) -> Settings | None:
         settings = load_settings()
     except ConfigError as e:
         return _invalid(role, server, e)
-    if not settings.enabled:
+    if not settings.enabled or not _set_up(role, settings):
         return None
+    return settings
+
+
+def _set_up(role: str, settings: Settings) -> bool:
+    """Make this process export as ``role``: configure the OpenTelemetry SDK from
+    ``OTEL_*`` variables when nothing configured it yet (a worker reached only through a
+    plugin) and name the process after ``role``, bridge Python logging, record ``rpc``
+    spans. False if the SDK cannot be configured (said once): the caller runs untraced.
+    Calls after the first are cheap: the SDK is configured and the log bridge
+    installed once (redaction and the length cap follow the settings), and the ``rpc``
+    spans take the current tracer and settings.
+    """
     from dask_otel import runtime
     from dask_otel.distro import sdk
     from dask_otel.plugins import rpc
@@ -62,11 +73,11 @@ def activate(role: str, server: Any = None) -> Settings | None:
         sdk.configuration_failed(e)
         configured = False
     if not configured:  # a typo in an OTEL_* variable must not stop a cluster: untraced
-        return None
+        return False
     bridge_logs(settings)
     if settings.rpc_spans:
         rpc.install(runtime.current().tracer(), settings)
-    return settings
+    return True
 
 
 def bridge_logs(settings: Settings) -> None:
