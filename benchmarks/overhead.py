@@ -331,10 +331,10 @@ def main() -> None:
         "against plain and against the default instrumented rounds",
     )
     args = parser.parse_args()
-    settings = _config(args.set)
+    settings = dask_config(args.set)
     processors = list(dict.fromkeys(args.processor or ["dask-otel"]))
     variants = {
-        name: {**settings, **_config(spec.split(","))}
+        name: {**settings, **dask_config(spec.split(","))}
         for name, spec in (item.split(":", 1) for item in args.variant)
     }
 
@@ -378,7 +378,7 @@ def main() -> None:
         """Worker processes read dask config from ``DASK_*`` variables: a variant's too."""
         if env is None or mode not in variants:
             return env
-        return {**env, **{_variable(k): str(v) for k, v in variants[mode].items()}}
+        return {**env, **{dask_variable(k): str(v) for k, v in variants[mode].items()}}
 
     modes = ["plain", *processors, *variants]
     results: dict[str, list] = {mode: [] for mode in modes}
@@ -419,12 +419,12 @@ def main() -> None:
         print(f"spans received over OTLP: {received}")
 
 
-def _config(items: list[str]) -> dict[str, object]:
+def dask_config(items: list[str]) -> dict[str, object]:
     """``KEY=VALUE`` items as dask config (values parsed as YAML)."""
     return {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in items if item)}
 
 
-def _variable(key: str) -> str:
+def dask_variable(key: str) -> str:
     """The ``DASK_*`` environment variable of a dask config key."""
     return "DASK_" + key.upper().replace(".", "__").replace("-", "_")
 

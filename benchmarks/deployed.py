@@ -1,0 +1,247 @@
+"""Overhead of dask-otel with each role in a process of its own, as deployed.
+
+``benchmarks/overhead.py --processes`` keeps the scheduler, the client and the Nannies in
+one process, so the scheduler's own share of the added CPU cannot be told apart. Here
+every round starts ``dask scheduler`` and ``dask worker --nworkers 2 --nthreads 1`` from
+their command lines (instrumented: under ``opentelemetry-instrument``, the zero-code way
+in, every signal over OTLP/gRPC to the tests' counting receiver), connects a client from
+this process (instrumented: ``DaskInstrumentor().instrument()``), runs the workload and
+stops them. Plain and instrumented rounds (and ``--variant`` rounds, whose dask config
+reaches every process as ``DASK_*`` variables) interleave, rotating which goes first.
+
+Reported: the wall ratio, and CPU per task of each process (scheduler, the Nannies' one
+process, the two worker processes, this client, the receiver), medians with min-max.
+
+    python benchmarks/deployed.py --workload graph --tasks 4000 --rounds 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import overhead
+import psutil
+from distributed import Client
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+
+from dask_otel import DaskInstrumentor
+from dask_otel.distro import processors
+
+#: The processes whose CPU each round reports, in this order.
+ROLES = ("scheduler", "nannies", "workers", "client", "receiver")
+
+
+def command(name: str) -> str:
+    """An entry point of this virtualenv (beside its Python)."""
+    path = Path(sys.executable).with_name(name)
+    return str(path) if path.exists() else shutil.which(name) or name
+
+
+class Deployment:
+    """A scheduler and two Nanny workers started from the command line; stops them."""
+
+    def __init__(self, env: dict[str, str], instrumented: bool) -> None:
+        self._dir = tempfile.mkdtemp(prefix="dask-otel-deployed-")
+        scheduler_file = os.path.join(self._dir, "scheduler.json")
+        prefix = [command("opentelemetry-instrument")] if instrumented else []
+        common = ["--host", "127.0.0.1", "--no-dashboard"]
+        #: Scheduler first, then the ``dask worker`` process that hosts both Nannies.
+        self.processes = [
+            subprocess.Popen(
+                [
+                    *prefix,
+                    command("dask"),
+                    "scheduler",
+                    *common,
+                    "--port",
+                    "0",
+                    "--scheduler-file",
+                    scheduler_file,
+                ],
+                env=env,
+                stderr=None if os.environ.get("DEPLOYED_DEBUG") else subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        ]
+        deadline = time.monotonic() + 60
+        while not os.path.exists(scheduler_file):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the scheduler wrote no scheduler file in 60 s")
+            time.sleep(0.05)
+        self.scheduler_file = scheduler_file
+        self.processes.append(
+            subprocess.Popen(
+                [
+                    *prefix,
+                    command("dask"),
+                    "worker",
+                    "--scheduler-file",
+                    scheduler_file,
+                    *common,
+                    "--nworkers",
+                    "2",
+                    "--nthreads",
+                    "1",
+                ],
+                env=env,
+                stderr=None if os.environ.get("DEPLOYED_DEBUG") else subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        )
+
+    def watched(self) -> dict[str, list[psutil.Process]]:
+        """The processes of each role, once the workers run."""
+        scheduler, nannies = (psutil.Process(p.pid) for p in self.processes)
+        return {
+            "scheduler": [scheduler],
+            "nannies": [nannies],
+            "workers": nannies.children(recursive=True),
+        }
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def one_round(
+    workload: Callable[[Client, int], None],
+    tasks: int,
+    env: dict[str, str],
+    instrumented: bool,
+    receiver: psutil.Process,
+) -> tuple[float, dict[str, float]]:
+    """(wall seconds, CPU seconds by role) of ``workload`` on a new deployment."""
+    deployment = Deployment(env, instrumented)
+    try:
+        with Client(scheduler_file=deployment.scheduler_file) as client:
+            client.wait_for_workers(2, timeout=60)
+            client.gather(client.map(overhead.noop, range(50), pure=False))  # warm up
+            roles = {**deployment.watched(), "client": [psutil.Process()], "receiver": [receiver]}
+            before = {role: overhead.process_cpu(ps) for role, ps in roles.items()}
+            wall = time.perf_counter()
+            workload(client, tasks)
+            wall = time.perf_counter() - wall
+            cpu = {role: overhead.process_cpu(ps) - before[role] for role, ps in roles.items()}
+    finally:
+        deployment.stop()
+    return wall, cpu
+
+
+def summary(values: list[float]) -> str:
+    """Median (min-max)."""
+    return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", choices=["graph", "noop"], default="graph")
+    parser.add_argument("--tasks", type=int, default=4000)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME:KEY=VALUE[,KEY=VALUE]",
+        help="also run every round instrumented with this dask config, in every process",
+    )
+    args = parser.parse_args()
+    endpoint, receiver_process = overhead.start_receiver()
+    receiver = psutil.Process(receiver_process.pid)
+    plain_env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "DASK_"))}
+    # The workloads' functions are pickled by reference to this directory's modules.
+    plain_env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH")])
+    )
+    otel_env = {**plain_env, **overhead.worker_env(endpoint)}
+    variants = {"dask-otel": {}}
+    for item in args.variant:
+        name, spec = item.split(":", 1)
+        variants[name] = overhead.dask_config(spec.split(","))
+    provider = TracerProvider()
+    provider.add_span_processor(processors.span_processor(overhead.make_exporter(endpoint)))
+    meter_provider = MeterProvider(
+        metric_readers=[PeriodicExportingMetricReader(overhead.DiscardingMetricExporter())]
+    )
+    instrumentor = DaskInstrumentor()
+    workload = overhead.WORKLOADS[args.workload]
+
+    def run(mode: str) -> tuple[float, dict[str, float]]:
+        if mode == "plain":
+            return one_round(workload, args.tasks, plain_env, False, receiver)
+        config = variants[mode]
+        env = {**otel_env, **{overhead.dask_variable(k): str(v) for k, v in config.items()}}
+        instrumentor.instrument(tracer_provider=provider, meter_provider=meter_provider)
+        try:
+            return one_round(workload, args.tasks, env, True, receiver)
+        finally:
+            instrumentor.uninstrument()
+            provider.force_flush()
+
+    modes = ["plain", *variants]
+    results: dict[str, list[tuple[float, dict[str, float]]]] = {mode: [] for mode in modes}
+    try:
+        for r in range(args.rounds):
+            order = modes[r % len(modes) :] + modes[: r % len(modes)]
+            times = {mode: run(mode) for mode in order}
+            for mode in modes:
+                results[mode].append(times[mode])
+            print(
+                f"round {r + 1}: "
+                + "  ".join(
+                    f"{mode} {times[mode][0]:.3f}s (scheduler "
+                    f"{1e6 * times[mode][1]['scheduler'] / args.tasks:.0f} us/task)"
+                    for mode in modes
+                ),
+                flush=True,
+            )
+    finally:
+        provider.shutdown()
+        meter_provider.shutdown()
+        received = overhead.spans_received(receiver_process)
+
+    plains = results["plain"]
+    scale = 1e6 / args.tasks
+    print(
+        f"\n{args.workload} workload, --tasks {args.tasks}, {args.rounds} interleaved rounds, "
+        "each role in a process of its own; median (min-max)"
+    )
+    for mode in modes[1:]:
+        traced = results[mode]
+        wall = [t[0] / p[0] for t, p in zip(traced, plains, strict=True)]
+        print(f"\n{mode}: wall ratio {summary(wall)}")
+        print("  CPU us per task, plain -> instrumented, ratio:")
+        for role in ROLES:
+            before = [p[1][role] * scale for p in plains]
+            after = [t[1][role] * scale for t in traced]
+            ratios = [
+                t[1][role] / p[1][role] if p[1][role] else float("nan")
+                for t, p in zip(traced, plains, strict=True)
+            ]
+            print(
+                f"    {role:<10} {statistics.median(before):8.1f} -> "
+                f"{statistics.median(after):8.1f}   ratio {summary(ratios)}"
+            )
+    print(f"\nspans received over OTLP: {received}")
+
+
+if __name__ == "__main__":
+    main()
