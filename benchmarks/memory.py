@@ -172,8 +172,7 @@ def computations(count: int, tasks: int, provider: TracerProvider | None) -> lis
             wait_until(lambda: not scheduler.tasks)
             emitter.shared().flush(60)  # build what the scheduler and workers recorded
             row = plugin_state(scheduler)
-            row["cache"] = ids._decode_traceparent.cache_info().currsize
-            ids._decode_traceparent.cache_clear()
+            row["cache"] = ids.parsed_carriers(clear=True)
             if provider is not None:  # spans in the SDK's queue hold dask_otel's dicts
                 provider.force_flush()
             snap = snapshot()

@@ -62,6 +62,10 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 import dask_otel
 from dask_otel.distro import processors, sdk
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+# The OTLP receiver the tests, benchmarks and scripts share, in a process of its own.
+from otlp_receiver import spawn_counting as start_receiver
+
 
 class DiscardingExporter(SpanExporter):
     """Counts spans and drops them: the cost of making spans, not of shipping them."""
@@ -230,21 +234,6 @@ def one_round(
             groups[name] = process_cpu(ps) - before_others[name]
         groups.update(gc_stats)
         return wall, cpu + groups["workers"], groups
-
-
-#: The OTLP receiver the tests, benchmarks and scripts share.
-RECEIVER_SCRIPT = Path(__file__).resolve().parent.parent / "tests" / "otlp_receiver.py"
-
-
-def start_receiver() -> tuple[str, subprocess.Popen]:
-    """(endpoint, process) of the tests' counting OTLP receiver in another process."""
-    receiver = subprocess.Popen(
-        [sys.executable, str(RECEIVER_SCRIPT), "--count"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    return receiver.stdout.readline().strip(), receiver  # type: ignore[union-attr]
 
 
 def spans_received(receiver: subprocess.Popen) -> int:

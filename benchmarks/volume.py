@@ -25,7 +25,6 @@ import argparse
 import json
 import logging
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,14 +34,10 @@ class Receiver:
     """The receiver process: ``state()`` asks for its counts, ``reset()`` zeroes them."""
 
     def __init__(self) -> None:
-        script = Path(__file__).resolve().parent.parent / "tests" / "otlp_receiver.py"
-        self.proc = subprocess.Popen(
-            [sys.executable, str(script), "--count"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        self.endpoint = self.proc.stdout.readline().strip()  # type: ignore[union-attr]
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+        from otlp_receiver import spawn_counting
+
+        self.endpoint, self.proc = spawn_counting()
         if not self.endpoint.startswith("http://"):
             raise RuntimeError("the OTLP receiver did not start")
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import gzip
 import socket
+import subprocess
+import sys
 import threading
 import time
 import zlib
@@ -739,7 +741,6 @@ def serve_counting() -> None:
     of its own. Prints its gRPC endpoint; answers each line of input (``state``, or
     ``reset`` first) with its counts as JSON, and once more at the end of its input."""
     import json
-    import sys
 
     with CountingReceiver() as rx:
         print(rx.grpc_endpoint, flush=True)
@@ -750,9 +751,19 @@ def serve_counting() -> None:
         print(json.dumps(rx.state()), flush=True)
 
 
-if __name__ == "__main__":
-    import sys
+def spawn_counting() -> tuple[str, subprocess.Popen]:
+    """(gRPC endpoint, process) of :func:`serve_counting` in a process of its own, as the
+    benchmarks and scripts run it (its CPU and GIL apart from what they measure)."""
+    process = subprocess.Popen(
+        [sys.executable, __file__, "--count"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    return process.stdout.readline().strip(), process  # type: ignore[union-attr]
 
+
+if __name__ == "__main__":
     if sys.argv[1:] != ["--count"]:
         sys.exit("usage: python tests/otlp_receiver.py --count")
     serve_counting()

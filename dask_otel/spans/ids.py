@@ -212,6 +212,15 @@ def parse(value: object) -> Carrier | None:
     return _parse(value) if type(value) is str else None
 
 
+def parsed_carriers(clear: bool = False) -> int:
+    """How many parsed carriers this process keeps (at most :data:`DECODED_CARRIERS`);
+    ``clear`` forgets them (a benchmark measuring what is not bounded)."""
+    held = _parse.cache_info().currsize
+    if clear:
+        _parse.cache_clear()
+    return held
+
+
 @functools.lru_cache(maxsize=DECODED_CARRIERS)
 def _parse(value: str) -> Carrier | None:
     traceparent, *options = value.split(";")
