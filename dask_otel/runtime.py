@@ -7,12 +7,13 @@ providers itself: it asks this module when it starts. The providers handed to
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -162,11 +163,82 @@ class ExportHealth:
 health = ExportHealth()
 
 
+class ForkGate:
+    """Work a fork must not split: dask-otel's exports.
+
+    A process forked while one of its threads is inside gRPC inherits that call's locks
+    held, and gRPC skips its own fork handlers: the child's exports on that channel wait
+    forever (a Nanny's worker started with ``fork`` never exported), and so may its exit,
+    which closes the channel; or gRPC aborts the child. So a fork waits for the work under
+    way as a flush waits for exports (until no export has succeeded for a moment, see
+    :class:`ExportHealth`), and no work starts while it waits.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        #: Notified as work ends, and as a fork is done.
+        self._changed = threading.Condition(self._lock)
+        #: How deep each thread is in work under way (work may nest in work).
+        self._depth: dict[int, int] = {}
+        #: Forks under way (each thread may fork): no work starts.
+        self._forks = 0
+
+    @contextlib.contextmanager
+    def work(self) -> Iterator[None]:
+        thread = threading.get_ident()
+        with self._lock:
+            depth = self._depth.get(thread, 0)
+            while self._forks and not depth:
+                self._changed.wait()
+            self._depth[thread] = depth + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                if depth:
+                    self._depth[thread] = depth
+                else:
+                    del self._depth[thread]
+                self._changed.notify_all()
+
+    def before_fork(self) -> None:
+        started = time.monotonic()
+        patience = health.patience()
+        with self._lock:
+            self._forks += 1
+            while self._depth:
+                remaining = health.give_up_at(started, patience) - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._changed.wait(min(remaining, SLOW))
+
+    def after_fork_in_parent(self) -> None:
+        with self._lock:
+            self._forks -= 1
+            self._changed.notify_all()
+
+    def forget_parent(self) -> None:
+        """In a forked child: the parent's work and forks are not here."""
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._depth = {}
+        self._forks = 0
+
+
+#: The one per process.
+fork_gate = ForkGate()
+
+
 def _after_fork_in_child() -> None:
     health.forget_parent()
+    fork_gate.forget_parent()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(
+    before=lambda: fork_gate.before_fork(),
+    after_in_parent=lambda: fork_gate.after_fork_in_parent(),
+    after_in_child=_after_fork_in_child,
+)
 
 #: Longest the exit of this process waits for its telemetry when less than
 #: ``otel.flush-timeout``: a Nanny's worker, once it closed (:data:`NANNY_EXIT`).

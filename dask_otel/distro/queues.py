@@ -296,7 +296,8 @@ class ExportQueue:
             batch = self._next_batch()
             if batch is None:
                 return
-            self._export(batch)
+            with runtime.fork_gate.work():
+                self._export(batch)
 
     def _next_batch(self) -> list[Any] | None:
         """Wait until a batch is due (full, flushed, scheduled or closing) and take it;
@@ -367,8 +368,10 @@ class _WatchedMetricExporter:
     """A metric reader's exporter whose exports ``runtime.health`` hears of (a Nanny's
     process exports metrics only), and which the exit stops as it stops the queues."""
 
-    def __init__(self, exporter: Any) -> None:
+    def __init__(self, exporter: Any, reader: Any) -> None:
         self._exporter = exporter
+        #: The SDK's reader that calls :meth:`export` holding its export lock.
+        self._reader = reader
         self._stopped = False
 
     def __getattr__(self, name: str) -> Any:
@@ -377,14 +380,15 @@ class _WatchedMetricExporter:
     def export(self, *args: Any, **kwargs: Any) -> Any:
         if self._stopped:  # the reader's last collection, after the exit stopped this
             return MetricExportResult.FAILURE
-        runtime.health.started()
-        ok = False
-        try:
-            result = self._exporter.export(*args, **kwargs)
-            ok = getattr(result, "name", "SUCCESS") == "SUCCESS"
-            return result
-        finally:
-            runtime.health.finished(ok)
+        with runtime.fork_gate.work():
+            runtime.health.started()
+            ok = False
+            try:
+                result = self._exporter.export(*args, **kwargs)
+                ok = getattr(result, "name", "SUCCESS") == "SUCCESS"
+                return result
+            finally:
+                runtime.health.finished(ok)
 
     def shutdown(self, *args: Any, **kwargs: Any) -> None:
         if not self._stopped:
@@ -396,6 +400,12 @@ class _WatchedMetricExporter:
             self.shutdown()
         except Exception:
             logger.debug("dask-otel: metric exporter shutdown failed", exc_info=True)
+
+    def _forget_parent(self) -> None:
+        """In a forked child: the reader's export lock is free (its thread held it while
+        the fork waited, see ``runtime.fork_gate``, and is not here)."""
+        if hasattr(self._reader, "_export_lock"):
+            self._reader._export_lock = threading.Lock()
 
 
 #: The metric readers' exporters of the meter provider dask-otel configured.
@@ -409,7 +419,7 @@ def watch_metric_exporters(provider: Any) -> None:
     for reader in readers:
         exporter = getattr(reader, "_exporter", None)
         if exporter is not None and not isinstance(exporter, _WatchedMetricExporter):
-            reader._exporter = watched = _WatchedMetricExporter(exporter)
+            reader._exporter = watched = _WatchedMetricExporter(exporter, reader)
             metric_exporters.append(watched)
 
 
@@ -430,8 +440,8 @@ def unexported() -> tuple[Counter[str], dict[tuple[str, str], int]]:
 
 
 def _forget_parent_queues() -> None:
-    for queue in list(export_queues):
-        queue._forget_parent()
+    for inherited in [*export_queues, *metric_exporters]:
+        inherited._forget_parent()
 
 
 os.register_at_fork(after_in_child=_forget_parent_queues)
