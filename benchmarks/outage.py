@@ -25,6 +25,12 @@ exported"), and runs that failed (a script that exited with an error: its round 
 times for that collector).
 
     python benchmarks/outage.py --rounds 7
+    python benchmarks/outage.py --rounds 7 --cases processes --collectors plain,up,down \
+        --against main=/tmp/main-checkout   # also each instrumented kind with that checkout
+
+``--against NAME=DIR`` (repeatable) also runs every instrumented collector kind with
+``PYTHONPATH=DIR``, so with the dask-otel of that checkout (``git archive main dask_otel``
+unpacked in ``DIR``), in the same interleaved rounds: its columns are ``KIND@NAME``.
     python benchmarks/outage.py --memory    # a worker's RSS over 20 computations
 
 ``--memory`` runs 20 computations of ``--tasks`` tasks on a one-worker ``LocalCluster``
@@ -156,8 +162,15 @@ def collector(kind: str) -> Iterator[str]:
         receiver.communicate("")
 
 
-def environment(endpoint: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "DASK_"))}
+def environment(endpoint: str, checkout: str | None = None) -> dict[str, str]:
+    """The processes' environment; ``checkout``: a directory whose dask_otel they import."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("OTEL_", "DASK_")) and k != "PYTHONPATH"
+    }
+    if checkout:
+        env["PYTHONPATH"] = checkout
     env.update(
         OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
         OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
@@ -259,22 +272,32 @@ def cell(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
+#: What ``--cases`` chooses from.
+CASES = {"cluster": run_cluster, "processes": run_processes}
+
+
 def timings(args: argparse.Namespace) -> None:
-    kinds = tuple(args.collectors.split(","))
+    collectors = args.collectors.split(",")
+    checkouts = dict(entry.split("=", 1) for entry in args.against)
+    kinds = tuple(collectors) + tuple(
+        f"{kind}@{name}" for name in checkouts for kind in collectors if kind != "plain"
+    )
+    cases = [CASES[name] for name in args.cases.split(",")]
     samples: dict[tuple[str, str], list[float]] = defaultdict(list)
-    counts: dict[str, dict[str, int]] = {kind: defaultdict(int) for kind in COLLECTORS}
+    counts: dict[str, dict[str, int]] = {kind: defaultdict(int) for kind in kinds}
     for round_ in range(args.rounds):
         shift = round_ % len(kinds)  # interleaved: each round starts elsewhere
         for kind in kinds[shift:] + kinds[:shift]:
-            try:
-                with collector(kind) as endpoint:
-                    env = environment(endpoint)
-                    measured = run_cluster(kind, env, args.settle, counts[kind])
-                    measured.update(run_processes(kind, env, args.settle, counts[kind]))
-            except (RuntimeError, subprocess.TimeoutExpired) as e:  # plain fails too, loaded
-                counts[kind]["runs failed"] += 1
-                print(f"round {round_ + 1} {kind} failed: {str(e)[-300:]}", file=sys.stderr)
-                continue
+            collector_kind, _, checkout = kind.partition("@")
+            measured: dict[str, float] = {}
+            with collector(collector_kind) as endpoint:
+                env = environment(endpoint, checkouts.get(checkout))
+                for case in cases:
+                    try:
+                        measured.update(case(collector_kind, env, args.settle, counts[kind]))
+                    except (RuntimeError, subprocess.TimeoutExpired) as e:  # plain fails too
+                        counts[kind]["runs failed"] += 1
+                        print(f"round {round_ + 1} {kind} failed: {str(e)[-300:]}", file=sys.stderr)
             for name, seconds in measured.items():
                 samples[name, kind].append(seconds)
             print(f"round {round_ + 1} {kind}: " + ", ".join(
@@ -284,6 +307,8 @@ def timings(args: argparse.Namespace) -> None:
     print("| | " + " | ".join(kinds) + " |")
     print("|---" * (len(kinds) + 1) + "|")
     for name in CLUSTER_TIMES + PROCESS_TIMES:
+        if not any(samples[name, k] for k in kinds):
+            continue
         print(f"| {name} | " + " | ".join(cell(samples[name, k]) for k in kinds) + " |")
     for what in ("workers killed by their Nanny", "losses said", "runs failed"):
         print(f"| {what} (all rounds) | " + " | ".join(str(counts[k][what]) for k in kinds) + " |")
@@ -307,6 +332,11 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=2.0, help="seconds before each stop")
     parser.add_argument("--memory", action="store_true", help="the worker's RSS instead")
     parser.add_argument("--collectors", default=",".join(COLLECTORS), help="which, comma-separated")
+    parser.add_argument("--cases", default=",".join(CASES), help="cluster, processes or both")
+    parser.add_argument(
+        "--against", action="append", default=[], metavar="NAME=DIR",
+        help="also run the instrumented kinds with the dask_otel in DIR",
+    )  # fmt: skip
     parser.add_argument("--computations", type=int, default=20)
     parser.add_argument("--tasks", type=int, default=5000)
     args = parser.parse_args()

@@ -164,7 +164,8 @@ health = ExportHealth()
 
 
 class ForkGate:
-    """Work a fork must not split: dask-otel's exports.
+    """Work a fork must not split: dask-otel's exports, and its metric readers'
+    collections (which hold the SDK's locks).
 
     A process forked while one of its threads is inside gRPC inherits that call's locks
     held, and gRPC skips its own fork handlers: the child's exports on that channel wait
@@ -229,9 +230,68 @@ class ForkGate:
 fork_gate = ForkGate()
 
 
+class MetricDemand:
+    """Whether this process has metrics to report on a schedule: while a scheduler, worker
+    or Nanny of dask-otel's runs in it (each holds the demand from its start to its
+    close), and for good once anything but dask-otel asked for a meter.
+
+    The metric readers dask-otel configures (:mod:`dask_otel.distro.readers`) run their
+    thread only then, so that a process that never uses Dask runs no thread of
+    dask-otel's, and a closed cluster leaves none behind (distributed's tests check both).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        #: ``id()`` of each server holding the demand (the server itself is not kept).
+        self._held: set[int] = set()
+        #: Something other than dask-otel made a meter: its instruments may record any time.
+        self._always = False
+        #: Called with :meth:`wanted` whenever it changes (under the lock: never call back).
+        self._listeners: list[Callable[[bool], None]] = []
+
+    def hold(self, server: object) -> None:
+        with self._lock:
+            self._held.add(id(server))
+            self._tell()
+
+    def release(self, server: object) -> None:
+        with self._lock:
+            self._held.discard(id(server))
+            self._tell()
+
+    def always(self) -> None:
+        with self._lock:
+            if not self._always:
+                self._always = True
+                self._tell()
+
+    def wanted(self) -> bool:
+        return self._always or bool(self._held)
+
+    def listen(self, listener: Callable[[bool], None]) -> None:
+        with self._lock:
+            self._listeners.append(listener)
+
+    def _tell(self) -> None:
+        wanted = self.wanted()
+        for listener in self._listeners:
+            listener(wanted)
+
+    def forget_parent(self) -> None:
+        """In a forked child: the parent's servers do not run here (a meter made stays).
+        The listeners are not told: they are reset after this, and ask."""
+        self._lock = threading.Lock()
+        self._held = set()
+
+
+#: The one per process.
+metric_demand = MetricDemand()
+
+
 def _after_fork_in_child() -> None:
     health.forget_parent()
     fork_gate.forget_parent()
+    metric_demand.forget_parent()
 
 
 os.register_at_fork(

@@ -28,7 +28,7 @@ import time
 from collections import Counter
 
 import pytest
-from conftest import otel_env, start_scheduler, start_worker
+from conftest import bin_path, otel_env, start_scheduler, start_worker
 from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics._internal.exceptions import MetricsTimeoutError
@@ -379,15 +379,42 @@ def test_a_flush_that_raises_prints_no_traceback(monkeypatch):
     assert raised == []
 
 
-def test_the_export_thread_starts_with_its_processor(fresh_health):
-    """Not with the first span: a thread that appears while Dask runs looks leaked to
-    distributed's tests, which compare the threads before and after each."""
-    processor, tracer = traced(Slow(0))
+def new_export_threads(before: set[threading.Thread]) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t not in before and t.name.startswith("dask-otel")]
+
+
+def test_the_export_thread_runs_only_while_spans_wait(fresh_health):
+    """None before the first span (a process that never records runs none) and none once
+    the queue is empty (a closed cluster leaves none behind: distributed's tests compare
+    the threads before and after each); the span that started it is exported on schedule,
+    and so is the next one, which starts another."""
+    before = set(threading.enumerate())
+    exporter = Slow(0)
+    processor, tracer = traced(exporter, schedule_delay_millis=50)
     try:
-        before = set(threading.enumerate())
+        assert new_export_threads(before) == []
         task_span(tracer, 0)
-        assert processor.force_flush(30_000) is True
-        assert set(threading.enumerate()) <= before
+        (thread,) = new_export_threads(before)
+        thread.join(30)
+        assert not thread.is_alive() and exporter.exported == 1
+        task_span(tracer, 1)
+        (thread,) = new_export_threads(before)
+        thread.join(30)
+        assert not thread.is_alive() and exporter.exported == 2
+    finally:
+        processor.shutdown()
+
+
+def test_a_batch_goes_out_on_the_schedule_a_waiting_thread_would_have_kept(fresh_health):
+    """The thread starts with the first item, but the batch is due when it would have been
+    with a thread waiting since the queue was made (or its last export): at the next tick
+    of ``delay``, not a whole ``delay`` after the item (a short script learns as early as
+    before that its collector is down)."""
+    processor, _ = traced(Slow(0), schedule_delay_millis=1000)
+    queue = processor.export_queue
+    try:
+        queue._schedule_from -= 2.25  # idle for 2.25 delays: the next tick is 0.75 s away
+        assert queue._due() - queue._schedule_from == pytest.approx(3.0)
     finally:
         processor.shutdown()
 
@@ -479,3 +506,61 @@ def test_a_worker_keeps_no_more_than_its_queue_memory_while_the_collector_is_dow
     (queued,) = result["queued"]
     assert 0 < queued <= 200_000
     assert result["dropped"] > 1000  # 2,500 tasks: a task and an execute span each
+
+
+# -- no thread before use, none after -----------------------------------------------------
+
+LEAK_CHECK = """
+import operator, threading
+from distributed import Client, LocalCluster
+from distributed.utils_test import check_thread_leak
+import dask_otel
+
+def compute():
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                      dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
+        assert client.submit(operator.add, 1, 2, key="add-1").result() == 3
+
+compute()  # plain: Dask's own threads that outlive a cluster (its offload thread) start
+dask_otel.instrument()  # the SDK, configured from OTEL_* as opentelemetry-instrument does
+print(sorted(t.name for t in threading.enumerate() if "otel" in t.name.lower()), flush=True)
+with check_thread_leak():  # distributed's own check, as its tests run it
+    compute()
+"""
+
+
+def test_a_closed_cluster_leaves_no_export_thread_behind(receiver):
+    """An instrumented process starts its export threads when it first records, and a
+    cluster's close ends them: distributed's check that a test leaked no thread passes."""
+    env = otel_env(receiver)
+    for name in ("OTEL_BSP_SCHEDULE_DELAY", "OTEL_BLRP_SCHEDULE_DELAY"):
+        del env[name]  # the SDK's schedule (5 s, 1 s), as distributed's tests run instrumented
+    out = subprocess.run(
+        [sys.executable, "-c", LEAK_CHECK], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == "[]", out.stdout  # none before the cluster
+    receiver.wait_for(lambda rx: rx.spans())  # recorded, and exported
+
+
+USER_METER = """
+import sys
+from opentelemetry import metrics
+metrics.get_meter("user").create_counter("user.count").add(1)
+sys.stdin.read()  # until the test saw the point
+"""
+
+
+def test_a_users_metrics_are_exported_on_schedule_without_dask(receiver):
+    """A process that makes its own meter gets its metrics exported every
+    ``OTEL_METRIC_EXPORT_INTERVAL`` (1 s here), not only at its exit."""
+    env = otel_env(receiver, OTEL_METRICS_EXPORTER="otlp")
+    with subprocess.Popen(
+        [bin_path("opentelemetry-instrument"), sys.executable, "-c", USER_METER],
+        env=env, stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ) as process:  # fmt: skip
+        try:
+            receiver.wait_for(lambda rx: rx.metrics("user.count"), timeout=60)
+        finally:
+            process.communicate("", timeout=60)
+    assert process.returncode == 0

@@ -64,11 +64,6 @@ def test_a_process_that_never_uses_dask_does_not_import_it(receiver: OTLPReceive
     assert started(receiver, bin_path("opentelemetry-instrument"))[0] == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 21: the configurator builds the SDK's batch span and log processors and "
-    "periodic metric reader at startup, each with its thread",
-)
 def test_a_process_that_never_uses_dask_runs_no_more_threads(receiver: OTLPReceiver) -> None:
     plain = started(receiver)[1]
     assert started(receiver, bin_path("opentelemetry-instrument"))[1] == plain

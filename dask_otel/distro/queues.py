@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import sys
 import threading
@@ -156,7 +157,10 @@ class ExportQueue:
 
     Bounded in items and in estimated bytes: an item that does not fit is dropped (and
     counted, ``queue_full``); the queue keeps the older ones. The thread exports a batch
-    when one is full, every ``delay`` seconds, and at once for a :meth:`flush`.
+    when one is full, every ``delay`` seconds while items wait, and at once for a
+    :meth:`flush`. It runs only while items wait: started by the first one, it ends when
+    the queue is empty. A process that never records runs no such thread, and one that
+    stopped recording (a closed cluster) keeps none: distributed's tests count threads.
     """
 
     def __init__(
@@ -186,10 +190,11 @@ class ExportQueue:
         self._stopped = False  #: takes no more batches (shutdown gave up waiting)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        # Started now, as the SDK's are: a thread that first appears while Dask runs
-        # looks leaked to whoever compares threads before and after (distributed's tests).
+        #: When the export schedule last began (monotonic): at the queue's creation, and
+        #: as each batch's export ends (see :meth:`_due`).
+        self._schedule_from = time.monotonic()
+        #: The exporting thread while items wait (see :meth:`_next_batch`).
         self._thread: threading.Thread | None = None
-        self._start()
         runtime.health.watched = True
         export_queues.add(self)
 
@@ -301,27 +306,33 @@ class ExportQueue:
 
     def _next_batch(self) -> list[Any] | None:
         """Wait until a batch is due (full, flushed, scheduled or closing) and take it;
-        None once closed and empty, or stopped."""
+        None once the queue is empty (the thread ends; the next item starts another), or
+        stopped."""
         limits = self.limits
-        due = time.monotonic() + limits.delay
         with self._lock:
-            while not self._stopped:
+            due = self._due()
+            while not self._stopped and self._items:
                 items = len(self._items)
                 if items >= limits.batch or (
-                    items and (self._closed or self._wanted > self._done or time.monotonic() >= due)
+                    self._closed or self._wanted > self._done or time.monotonic() >= due
                 ):
                     count = min(limits.batch, items)
                     batch = [self._items.popleft() for _ in range(count)]
                     self.bytes -= sum(self._sizes.popleft() for _ in range(count))
                     self._in_flight = count
                     return batch
-                if self._closed:
-                    break
-                if not items:
-                    due = time.monotonic() + limits.delay
                 self._changed.wait(max(0.0, due - time.monotonic()))
             self._thread = None
             return None
+
+    def _due(self) -> float:
+        """When the next scheduled batch is due: every ``delay`` seconds since the schedule
+        began, as if a thread had waited all along (as the SDK's does): an item goes out
+        when it would have then, not a whole ``delay`` after it came (a short script
+        learns as early that its collector is down, and its exit waits no longer)."""
+        delay = self.limits.delay
+        ticks = max(1, math.ceil((time.monotonic() - self._schedule_from) / delay))
+        return self._schedule_from + ticks * delay
 
     def _export(self, batch: list[Any]) -> None:
         warn_dropped(self.signal)  # queue drops since the last batch
@@ -346,6 +357,7 @@ class ExportQueue:
                 count_dropped(self.signal, "export_failed", lost)
             self._done += len(batch)
             self._in_flight = 0
+            self._schedule_from = time.monotonic()
             self._changed.notify_all()
         if lost:
             warn_dropped(self.signal)
@@ -359,9 +371,7 @@ class ExportQueue:
         self._accepted = self._done = self._wanted = 0
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        self._thread = None
-        if not self._stopped:
-            self._start()
+        self._thread = None  # the next item starts one
 
 
 class _WatchedMetricExporter:

@@ -6,7 +6,9 @@ exporter of all three signals, export queues of its own, sized for Dask's task r
 bounded in memory, and export batches that fit a collector's 4 MiB message limit; the
 spans and log records its processors lose anyway are counted
 (``dask_otel.exporter.dropped``), said once in the log, and at exit said once on stderr.
-Its flushes and its exit wait no longer than the collector answers. It names the process
+Its flushes and its exit wait no longer than the collector answers, and its threads run
+only while there is something to export (none in a process that never uses Dask, none left
+by a closed cluster). It names the process
 after its Dask role, unless the user named it: a process started as ``dask-worker`` is
 ``dask-nanny`` (or ``dask-worker`` with ``--no-nanny``), and a process that turns out later
 to host a worker or client (a Nanny's child) is named then. The SDK gives every process,
@@ -18,7 +20,8 @@ The parts it puts together are modules of their own: the export queues
 (:mod:`dask_otel.distro.processors`), spans queued as tuples
 (:mod:`dask_otel.distro.compact_spans`) or written straight as tuples
 (:mod:`dask_otel.distro.written`), what is lost (:mod:`dask_otel.distro.drops`), and the
-flight recorder's copy of the queues (:mod:`dask_otel.distro.mirror`).
+flight recorder's copy of the queues (:mod:`dask_otel.distro.mirror`), and metric readers
+that tick only while metrics are wanted (:mod:`dask_otel.distro.readers`).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from dask_otel.distro.queues import (
     unexported,
     watch_metric_exporters,
 )
+from dask_otel.distro.readers import note_foreign_meters, readers_on_demand
 from dask_otel.runtime import say_once
 
 logger = logging.getLogger(__name__)
@@ -156,7 +160,8 @@ class DaskOtelConfigurator(_OTelSDKConfigurator):
             directory = os.environ.get(FILE_EXPORT_DIR)
             if directory:
                 kwargs["exporter_args_map"] = _file_exporter_streams(directory)
-            super()._configure(resource_attributes=attributes, **kwargs)
+            with readers_on_demand():
+                super()._configure(resource_attributes=attributes, **kwargs)
         except Exception as e:
             # Raised here, opentelemetry-instrument would print it and load no
             # instrumentor at all: say what is wrong once, and let the process run.
@@ -166,6 +171,7 @@ class DaskOtelConfigurator(_OTelSDKConfigurator):
             return
         register_dropped_counter()
         watch_metric_exporters(metrics.get_meter_provider())
+        note_foreign_meters(metrics.get_meter_provider())
         providers = (
             trace.get_tracer_provider(),
             metrics.get_meter_provider(),

@@ -180,6 +180,7 @@ class WorkerWatch:
         identity.add_nanny(nanny.address, None)
         self._note_worker()
         self._callback.start()
+        runtime.metric_demand.hold(nanny)  # its worker's memory, for the metric thread to send
         self._identity = asyncio.ensure_future(self._fetch_cluster_id())
 
     async def close(self) -> None:
@@ -196,6 +197,7 @@ class WorkerWatch:
         if not nanny.is_alive():  # no worker to wait for
             emitter.shared().submit(flight_folders.disown, self.folder, self._mark)
         identity.remove_nanny(nanny.address)
+        runtime.metric_demand.release(nanny)
         # The post-mortems in progress reach the export queues, which the process's exit
         # flushes (bounded): not waited for here, with a collector that may be down.
         await emitter.off_loop(emitter.shared().close, self.settings.flush_timeout)

@@ -29,7 +29,7 @@ from distributed.worker_state_machine import TaskStateState
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from dask_otel.runtime import SCOPE, report_once
+from dask_otel.runtime import SCOPE, metric_demand, report_once
 from dask_otel.signals.instruments import (
     DROPPED,
     DURATION_BUCKETS,
@@ -269,11 +269,13 @@ class Sources:
         with self._lock:
             self._servers[id(server)] = (weakref.proxy(server), observe, attributes)
             self._generation = -1
+        metric_demand.hold(server)  # the metric thread reads it from now on
 
     def remove(self, server: Any) -> None:
         with self._lock:
             self._servers.pop(id(server), None)
             self._generation = -1
+        metric_demand.release(server)
 
     def _callback(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def callback(options: CallbackOptions) -> Iterable[Observation]:
