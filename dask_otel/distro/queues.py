@@ -31,7 +31,6 @@ from opentelemetry.context import (
     detach,
     set_value,
 )
-from opentelemetry.sdk.metrics.export import MetricExportResult
 
 from dask_otel import runtime
 from dask_otel.distro.compact_spans import CompactSpan
@@ -374,65 +373,6 @@ class ExportQueue:
         self._thread = None  # the next item starts one
 
 
-class _WatchedMetricExporter:
-    """A metric reader's exporter whose exports ``runtime.health`` hears of (a Nanny's
-    process exports metrics only), and which the exit stops as it stops the queues."""
-
-    def __init__(self, exporter: Any, reader: Any) -> None:
-        self._exporter = exporter
-        #: The SDK's reader that calls :meth:`export` holding its export lock.
-        self._reader = reader
-        self._stopped = False
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._exporter, name)
-
-    def export(self, *args: Any, **kwargs: Any) -> Any:
-        if self._stopped:  # the reader's last collection, after the exit stopped this
-            return MetricExportResult.FAILURE
-        with runtime.fork_gate.work():
-            runtime.health.started()
-            ok = False
-            try:
-                result = self._exporter.export(*args, **kwargs)
-                ok = getattr(result, "name", "SUCCESS") == "SUCCESS"
-                return result
-            finally:
-                runtime.health.finished(ok)
-
-    def shutdown(self, *args: Any, **kwargs: Any) -> None:
-        if not self._stopped:
-            self._stopped = True
-            self._exporter.shutdown(*args, **kwargs)
-
-    def stop(self) -> None:
-        try:
-            self.shutdown()
-        except Exception:
-            logger.debug("dask-otel: metric exporter shutdown failed", exc_info=True)
-
-    def _forget_parent(self) -> None:
-        """In a forked child: the reader's export lock is free (its thread held it while
-        the fork waited, see ``runtime.fork_gate``, and is not here)."""
-        if hasattr(self._reader, "_export_lock"):
-            self._reader._export_lock = threading.Lock()
-
-
-#: The metric readers' exporters of the meter provider dask-otel configured.
-metric_exporters: list[_WatchedMetricExporter] = []
-
-
-def watch_metric_exporters(provider: Any) -> None:
-    """Wrap the exporter of each of ``provider``'s periodic readers (the SDK offers no
-    hook for it: with a reader laid out differently, its exports go unwatched)."""
-    readers = getattr(provider, "_metric_readers", ())
-    for reader in readers:
-        exporter = getattr(reader, "_exporter", None)
-        if exporter is not None and not isinstance(exporter, _WatchedMetricExporter):
-            reader._exporter = watched = _WatchedMetricExporter(exporter, reader)
-            metric_exporters.append(watched)
-
-
 #: Every export queue of this process: forgotten after fork, counted at exit.
 export_queues: weakref.WeakSet[ExportQueue] = weakref.WeakSet()
 
@@ -450,8 +390,8 @@ def unexported() -> tuple[Counter[str], dict[tuple[str, str], int]]:
 
 
 def _forget_parent_queues() -> None:
-    for inherited in [*export_queues, *metric_exporters]:
-        inherited._forget_parent()
+    for queue in list(export_queues):
+        queue._forget_parent()
 
 
 os.register_at_fork(after_in_child=_forget_parent_queues)

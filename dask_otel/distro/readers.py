@@ -1,4 +1,5 @@
-"""Metric readers whose thread runs only while metrics are wanted.
+"""Metric readers whose thread runs only while metrics are wanted, and their exporters,
+watched as the export queues are.
 
 The SDK's periodic metric reader starts its thread when it is made, at startup: a process
 that never uses Dask (a multiprocessing child, a script, any tool a traced program runs)
@@ -22,7 +23,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.export import MetricExportResult, PeriodicExportingMetricReader
 
 from dask_otel import runtime
 from dask_otel.runtime import report_once, start_daemon
@@ -158,9 +159,68 @@ def note_foreign_meters(provider: Any) -> None:
     provider.get_meter = noted
 
 
+class _WatchedMetricExporter:
+    """A metric reader's exporter whose exports ``runtime.health`` hears of (a Nanny's
+    process exports metrics only), and which the exit stops as it stops the queues."""
+
+    def __init__(self, exporter: Any, reader: Any) -> None:
+        self._exporter = exporter
+        #: The SDK's reader that calls :meth:`export` holding its export lock.
+        self._reader = reader
+        self._stopped = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._exporter, name)
+
+    def export(self, *args: Any, **kwargs: Any) -> Any:
+        if self._stopped:  # the reader's last collection, after the exit stopped this
+            return MetricExportResult.FAILURE
+        with runtime.fork_gate.work():
+            runtime.health.started()
+            ok = False
+            try:
+                result = self._exporter.export(*args, **kwargs)
+                ok = getattr(result, "name", "SUCCESS") == "SUCCESS"
+                return result
+            finally:
+                runtime.health.finished(ok)
+
+    def shutdown(self, *args: Any, **kwargs: Any) -> None:
+        if not self._stopped:
+            self._stopped = True
+            self._exporter.shutdown(*args, **kwargs)
+
+    def stop(self) -> None:
+        try:
+            self.shutdown()
+        except Exception:
+            logger.debug("dask-otel: metric exporter shutdown failed", exc_info=True)
+
+    def _forget_parent(self) -> None:
+        """In a forked child: the reader's export lock is free (its thread held it while
+        the fork waited, see ``runtime.fork_gate``, and is not here)."""
+        if hasattr(self._reader, "_export_lock"):
+            self._reader._export_lock = threading.Lock()
+
+
+#: The metric readers' exporters of the meter provider dask-otel configured.
+metric_exporters: list[_WatchedMetricExporter] = []
+
+
+def watch_metric_exporters(provider: Any) -> None:
+    """Wrap the exporter of each of ``provider``'s periodic readers (the SDK offers no
+    hook for it: with a reader laid out differently, its exports go unwatched)."""
+    readers = getattr(provider, "_metric_readers", ())
+    for reader in readers:
+        exporter = getattr(reader, "_exporter", None)
+        if exporter is not None and not isinstance(exporter, _WatchedMetricExporter):
+            reader._exporter = watched = _WatchedMetricExporter(exporter, reader)
+            metric_exporters.append(watched)
+
+
 def _forget_parent_readers() -> None:
-    for reader in list(_readers):
-        reader._forget_parent()
+    for inherited in [*_readers, *metric_exporters]:
+        inherited._forget_parent()
 
 
 os.register_at_fork(after_in_child=_forget_parent_readers)

@@ -21,7 +21,8 @@ The parts it puts together are modules of their own: the export queues
 (:mod:`dask_otel.distro.compact_spans`) or written straight as tuples
 (:mod:`dask_otel.distro.written`), what is lost (:mod:`dask_otel.distro.drops`), and the
 flight recorder's copy of the queues (:mod:`dask_otel.distro.mirror`), and metric readers
-that tick only while metrics are wanted (:mod:`dask_otel.distro.readers`).
+that tick only while metrics are wanted, their exports watched as the queues' are
+(:mod:`dask_otel.distro.readers`).
 """
 
 from __future__ import annotations
@@ -44,13 +45,13 @@ from dask_otel import runtime
 from dask_otel.distro.drops import NOUNS, register_dropped_counter, warned
 from dask_otel.distro.processors import counting_processors
 from dask_otel.distro.processors import span_processor as span_processor  # as README says
-from dask_otel.distro.queues import (
-    export_queues,
+from dask_otel.distro.queues import export_queues, unexported
+from dask_otel.distro.readers import (
     metric_exporters,
-    unexported,
+    note_foreign_meters,
+    readers_on_demand,
     watch_metric_exporters,
 )
-from dask_otel.distro.readers import note_foreign_meters, readers_on_demand
 from dask_otel.runtime import say_once
 
 logger = logging.getLogger(__name__)
