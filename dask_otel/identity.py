@@ -4,8 +4,9 @@ stop; a process that hosts several of one kind names none)."""
 
 from __future__ import annotations
 
-import os
 from collections import Counter
+
+from dask_otel import runtime
 
 #: The attributes that name this process (read, never changed, by the others).
 attributes: dict[str, str] = {}
@@ -45,7 +46,7 @@ def _after_fork_in_child() -> None:
     _name_worker()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+runtime.forget_in_child(_after_fork_in_child)
 
 
 def _name_cluster() -> None:

@@ -288,10 +288,28 @@ class MetricDemand:
 metric_demand = MetricDemand()
 
 
+#: What the other modules of dask-otel forget in a forked child, in the order they asked.
+_forgetters: list[Callable[[], None]] = []
+
+
+def forget_in_child(forget: Callable[[], None]) -> None:
+    """Call ``forget`` in each forked child, once this module forgot its parent's state:
+    dask-otel's one after-fork handler calls them all, in the order asked (a module
+    imported later forgets later)."""
+    _forgetters.append(forget)
+
+
 def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()  # report_once's, which a parent's thread may have held
     health.forget_parent()
     fork_gate.forget_parent()
     metric_demand.forget_parent()
+    for forget in _forgetters:
+        try:
+            forget()
+        except Exception:  # the next ones forget theirs all the same
+            report_once(logging.getLogger(__name__), "forgetting", "dask-otel: %r failed", forget)
 
 
 os.register_at_fork(

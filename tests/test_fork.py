@@ -98,3 +98,27 @@ def test_a_child_forked_while_exports_run_exports_and_exits(receiver):
     spans = {span["name"] for span in receiver.spans()}
     records = {record["body"] for record in receiver.log_records()}
     assert children <= spans and children <= records
+
+
+#: Counts the fork handlers dask-otel's modules register (all that register one imported).
+HANDLERS = """
+import os
+registered = []
+register = os.register_at_fork
+os.register_at_fork = lambda **handlers: registered.append(handlers) or register(**handlers)
+import dask_otel.distro.sdk, dask_otel.distro.readers, dask_otel.spans.emitter
+import dask_otel.signals.metrics, dask_otel.identity
+print(sum(
+    any(str(handler.__module__).startswith("dask_otel") for handler in handlers.values())
+    for handlers in registered
+))
+"""
+
+
+def test_dask_otel_has_one_fork_handler():
+    """runtime's, which forgets each module's state of the parent in one known order
+    (seven handlers before, one per module, in import order)."""
+    out = subprocess.run(
+        [sys.executable, "-c", HANDLERS], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.split() == ["1"]

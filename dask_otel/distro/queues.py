@@ -394,4 +394,4 @@ def _forget_parent_queues() -> None:
         queue._forget_parent()
 
 
-os.register_at_fork(after_in_child=_forget_parent_queues)
+runtime.forget_in_child(_forget_parent_queues)

@@ -223,4 +223,4 @@ def _forget_parent_readers() -> None:
         inherited._forget_parent()
 
 
-os.register_at_fork(after_in_child=_forget_parent_readers)
+runtime.forget_in_child(_forget_parent_readers)

@@ -383,4 +383,4 @@ def _after_fork_in_child() -> None:
         _owned.role = None
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+runtime.forget_in_child(_after_fork_in_child)

@@ -17,7 +17,6 @@ registered with it in this process.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -29,7 +28,7 @@ from distributed.worker_state_machine import TaskStateState
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from dask_otel.runtime import SCOPE, metric_demand, report_once
+from dask_otel.runtime import SCOPE, forget_in_child, metric_demand, report_once
 from dask_otel.signals.instruments import (
     DROPPED,
     DURATION_BUCKETS,
@@ -341,7 +340,7 @@ def _after_fork_in_child() -> None:
         found._generation = -1
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+forget_in_child(_after_fork_in_child)
 
 
 def observe_scheduler(meter_provider: metrics.MeterProvider, scheduler: Any) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
-import os
 import threading
 import weakref
 from collections import deque
@@ -200,7 +199,7 @@ def _after_fork_in_child() -> None:
         emitter._forget_parent()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+runtime.forget_in_child(_after_fork_in_child)
 
 
 def drain(emitter: SpanEmitter, providers: runtime.Providers, timeout: float) -> None:
