@@ -7,6 +7,7 @@ providers itself: it asks this module when it starts. The providers handed to
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -317,6 +318,31 @@ os.register_at_fork(
     after_in_parent=lambda: fork_gate.after_fork_in_parent(),
     after_in_child=_after_fork_in_child,
 )
+
+#: What this process does at exit, stage by stage: build the telemetry still pending (the
+#: span emitters' backlog), then export it (the SDK's shutdown).
+_exit_steps: dict[str, list[Callable[[], None]]] = {"build": [], "export": []}
+
+
+def at_exit(stage: str, step: Callable[[], None]) -> None:
+    """Call ``step`` at exit in ``stage`` (``build``, then ``export``), once however often
+    asked. dask-otel's one exit handler is registered again now: atexit calls the last
+    registered first, so it comes before the shutdown of every provider made so far (the
+    SDK registers one for each), whatever the order its steps were asked in."""
+    if step not in _exit_steps[stage]:
+        _exit_steps[stage].append(step)
+    atexit.unregister(_exit)
+    atexit.register(_exit)
+
+
+def _exit() -> None:
+    for steps in _exit_steps.values():
+        for step in steps:
+            try:
+                step()
+            except Exception:  # the next ones run all the same
+                report_once(logging.getLogger(__name__), "exit", "dask-otel: %r failed", step)
+
 
 #: Longest the exit of this process waits for its telemetry when less than
 #: ``otel.flush-timeout``: a Nanny's worker, once it closed (:data:`NANNY_EXIT`).

@@ -15,6 +15,7 @@ import sys
 import textwrap
 
 import pytest
+from conftest import otel_env
 
 from dask_otel.distro.sdk import ENV_DEFAULTS, infer_role
 
@@ -330,3 +331,55 @@ def test_env_defaults_do_not_override_the_user():
     # The ones the user left unset get dask-otel's values.
     assert result["OTEL_BSP_MAX_EXPORT_BATCH_SIZE"] == "512"
     assert result["OTEL_BLRP_MAX_QUEUE_SIZE"] == "16384"
+
+
+# -- exit ---------------------------------------------------------------------------------
+
+#: An emitter made before the SDK is configured, busy building a span as the process exits.
+LATE_SPAN = """
+import threading, time
+from opentelemetry import trace
+from dask_otel.distro import sdk
+from dask_otel.spans.emitter import SpanEmitter
+
+emitter = SpanEmitter("before-the-sdk")
+sdk.configure("client")
+started = threading.Event()
+
+def build():
+    started.set()
+    time.sleep(0.5)
+    trace.get_tracer("exit").start_span("built at exit").end()
+
+emitter.submit(build)
+assert started.wait(30)
+"""
+
+
+def test_the_exit_builds_pending_spans_before_the_sdk_shuts_down(receiver):
+    """In that order whatever the order they were set up in: an emitter made before the
+    SDK was configured had its drain run after the SDK's shutdown, which then dropped the
+    span it built."""
+    env = otel_env(receiver)
+    subprocess.run([sys.executable, "-c", LATE_SPAN], env=env, check=True, timeout=60)
+    assert [span["name"] for span in receiver.spans()] == ["built at exit"]
+
+
+def test_dask_otel_has_one_exit_handler():
+    """runtime's, which calls the steps of each stage in order."""
+    code = """
+import atexit
+registered = []
+register = atexit.register
+atexit.register = lambda call, *a, **k: registered.append(call) or register(call, *a, **k)
+from dask_otel.distro import sdk
+from dask_otel.spans.emitter import SpanEmitter
+SpanEmitter("one")
+sdk.configure("client")
+print(len({c for c in registered if str(getattr(c, "__module__", "")).startswith("dask_otel")}))
+"""
+    env = {**os.environ, **{f"OTEL_{s}_EXPORTER": "none" for s in ("TRACES", "METRICS", "LOGS")}}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.stdout.split() == ["1"], out.stderr

@@ -179,8 +179,7 @@ class DaskOtelConfigurator(_OTelSDKConfigurator):
             _logs.get_logger_provider(),
         )
         _owned = _Owned(providers, role)
-        atexit.unregister(_shutdown_at_exit)  # once, however often this runs
-        atexit.register(_shutdown_at_exit)
+        runtime.at_exit("export", _shutdown_at_exit)
 
 
 def _shutdown_at_exit() -> None:

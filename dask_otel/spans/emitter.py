@@ -7,7 +7,6 @@ a record and moves on. ``flush`` lets a closing component wait, boundedly, for t
 from __future__ import annotations
 
 import asyncio
-import atexit
 import logging
 import threading
 import weakref
@@ -166,10 +165,9 @@ def _drain_all_at_exit() -> None:
 
 
 def _drain_before_sdk_exit() -> None:
-    """atexit runs the last registered first: registered (again) now, after the SDK was
-    configured, the drain comes before the SDK's own exit shutdown and export."""
-    atexit.unregister(_drain_all_at_exit)
-    atexit.register(_drain_all_at_exit)
+    """The drain comes before the SDK's exit shutdown and export (asked again as each
+    component starts: after the SDK was configured, see ``runtime.at_exit``)."""
+    runtime.at_exit("build", _drain_all_at_exit)
 
 
 _shared: SpanEmitter | None = None
