@@ -58,7 +58,7 @@ from typing import Any
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
-from otlp_receiver import UNANSWERED, unanswered  # noqa: E402
+from otlp_receiver import UNANSWERED, spawn_counting, unanswered  # noqa: E402
 
 BIN = Path(sys.executable).parent
 COLLECTORS = ("plain", "up", *UNANSWERED)
@@ -150,14 +150,9 @@ def collector(kind: str) -> Iterator[str]:
         with unanswered("down" if kind == "plain" else kind) as endpoint:
             yield endpoint
         return
-    receiver = subprocess.Popen(
-        [sys.executable, str(TESTS / "otlp_receiver.py"), "--count"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    endpoint, receiver = spawn_counting()
     try:
-        yield receiver.stdout.readline().strip()  # type: ignore[union-attr]
+        yield endpoint
     finally:
         receiver.communicate("")
 

@@ -428,12 +428,19 @@ _reported: set[str] = set()
 _lock = threading.Lock()
 
 
-def _first_time(key: str) -> bool:
+def first_time(key: str) -> bool:
+    """True the first time ``key`` comes up in this process: what is said once."""
     with _lock:
         if key in _reported:
             return False
         _reported.add(key)
         return True
+
+
+def forget_said(*keys: str) -> None:
+    """Let ``keys`` come up as if for the first time again (tests of what is said once)."""
+    with _lock:
+        _reported.difference_update(keys)
 
 
 def settings_if_dask_imported() -> Settings | None:
@@ -453,7 +460,7 @@ def settings_if_dask_imported() -> Settings | None:
 def report_once(logger: logging.Logger, key: str, message: str, *args: object) -> None:
     """Log ``message`` at ERROR (with the current exception, if any) the first time
     ``key`` comes up in this process; stay silent after that."""
-    if _first_time(key):
+    if first_time(key):
         logger.error(message, *args, exc_info=sys.exc_info()[0] is not None)
 
 
@@ -464,7 +471,7 @@ def say_once(message: str) -> None:
     use), whatever logging is configured: not through logging, which may send it
     only to an exporter, or nowhere.
     """
-    if _first_time(f"say: {message}"):
+    if first_time(f"say: {message}"):
         try:
             sys.stderr.write(f"dask-otel: {message}\n")
             sys.stderr.flush()

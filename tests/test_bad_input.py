@@ -26,6 +26,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanContext, StatusCode, TraceFlags
 
 import dask_otel
+from dask_otel import runtime
 from dask_otel.plugins import client as otel_client
 from dask_otel.spans import errors, ids
 
@@ -221,9 +222,9 @@ FOREIGN_ANNOTATIONS = [
 
 @pytest.fixture
 def fresh_annotation_warning():
-    otel_client._warned_annotation = False
+    runtime.forget_said(otel_client.ANNOTATION_WARNING)
     yield
-    otel_client._warned_annotation = False
+    runtime.forget_said(otel_client.ANNOTATION_WARNING)
 
 
 def test_a_users_otel_annotation_is_replaced_with_one_warning(

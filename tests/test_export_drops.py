@@ -48,10 +48,10 @@ def fresh_warning():
     """Let this test's losses be reported as if for the first time in the process."""
     keys = {"dropped traces", "dropped logs"}
     drops.warned.difference_update(keys)
-    runtime._reported.difference_update(keys)
+    runtime.forget_said(*keys)
     yield
     drops.warned.difference_update(keys)
-    runtime._reported.difference_update(keys)
+    runtime.forget_said(*keys)
 
 
 def test_full_queue_and_failed_export_are_counted_and_said_once(monkeypatch, caplog, fresh_warning):

@@ -162,12 +162,13 @@ def test_megabyte_strings_in_every_field_of_many_spans(receiver, spans_to):
         assert len(span["status_message"]) <= 256 << 10
 
 
-def test_an_item_that_cannot_be_encoded_is_lost_alone(caplog, monkeypatch):
+def test_an_item_that_cannot_be_encoded_is_lost_alone(caplog, monkeypatch, request):
     """A failure no check foresaw (here an exporter that raises on one span, as an
     encoder would): the batch is halved until that span is alone."""
     # Its loss is counted and said in this test only, as if for the first time.
     monkeypatch.setattr(drops, "warned", set())
-    monkeypatch.setattr(runtime, "_reported", set())
+    runtime.forget_said("dropped traces")
+    request.addfinalizer(lambda: runtime.forget_said("dropped traces"))
 
     class Choking(InMemorySpanExporter):
         def export(self, spans):

@@ -60,10 +60,6 @@ def untrace_submissions(scope: str) -> None:
             distributed.Client._graph_to_futures = patched.__wrapped__
 
 
-#: Whether this process was told once that a user's ``otel`` annotation is in the way.
-_warned_annotation = False
-
-
 def traced_graph_to_futures(wrapped: Any, client: Any, args: Any, kwargs: Any) -> Any:
     """wrapt wrapper of ``Client._graph_to_futures(expr, keys, span_metadata, ...)``.
 
@@ -120,13 +116,15 @@ def _record_failure(span: trace.Span, e: BaseException, settings: Settings) -> N
         span.set_status(Status(StatusCode.ERROR, type(e).__name__))
 
 
+#: Said once per process: a user's ``otel`` annotation is in the way.
+ANNOTATION_WARNING = "otel annotation"
+
+
 def _warn_about_annotation() -> None:
     """A user's own ``otel`` annotation would shadow the trace context: say so, once."""
-    global _warned_annotation
     value = dask.get_annotations().get(ids.ANNOTATION)
-    if value is None or _warned_annotation:
+    if value is None or not runtime.first_time(ANNOTATION_WARNING):
         return
-    _warned_annotation = True
     logger.warning(
         "dask-otel: the task annotation %r is reserved for dask-otel's trace context; "
         "the one set here (%s) is replaced, and tasks of collections built while it was "
