@@ -1,8 +1,11 @@
-"""Where dask-otel's components get their tracer, meter and logger provider.
+"""The one owner of dask-otel's per-process state.
 
-A plugin object may be pickled and shipped to another process, so it never carries
-providers itself: it asks this module when it starts. The providers handed to
-``DaskInstrumentor().instrument(...)`` in this process win; otherwise the global ones.
+Where its components get their tracer, meter and logger provider (a plugin object may be
+pickled and shipped to another process, so it never carries providers itself: it asks
+this module when it starts; the providers handed to ``DaskInstrumentor().instrument(...)``
+in this process win, otherwise the global ones); what the exports tell of the collector
+(:class:`ExportHealth`); the fork gate and the one after-fork handler; the one exit
+handler; the demand for metrics on a schedule; and what is said once.
 """
 
 from __future__ import annotations
@@ -172,8 +175,14 @@ class ForkGate:
     held, and gRPC skips its own fork handlers: the child's exports on that channel wait
     forever (a Nanny's worker started with ``fork`` never exported), and so may its exit,
     which closes the channel; or gRPC aborts the child. So a fork waits for the work under
-    way as a flush waits for exports (until no export has succeeded for a moment, see
-    :class:`ExportHealth`), and no work starts while it waits.
+    way (of other threads), no work starts while it waits, and the wait ends once no
+    export has succeeded for a moment (:class:`ExportHealth`) or after :data:`FORK_WAIT`
+    at most: the forking thread may be an event loop.
+
+    Its before-fork handler is registered with the first work, after the modules a process
+    imports at start-up: handlers run newest first, and ``concurrent.futures`` holds the
+    lock every executor submit needs in its own, which must not be held while this one
+    waits (an event loop's ``run_in_executor`` would stall for the wait).
     """
 
     def __init__(self) -> None:
@@ -184,9 +193,13 @@ class ForkGate:
         self._depth: dict[int, int] = {}
         #: Forks under way (each thread may fork): no work starts.
         self._forks = 0
+        #: Whether the fork handlers are registered (with the first work).
+        self._registered = False
 
     @contextlib.contextmanager
     def work(self) -> Iterator[None]:
+        if not self._registered:
+            self._register()
         thread = threading.get_ident()
         with self._lock:
             depth = self._depth.get(thread, 0)
@@ -203,16 +216,24 @@ class ForkGate:
                     del self._depth[thread]
                 self._changed.notify_all()
 
+    def _register(self) -> None:
+        with self._lock:
+            if self._registered:
+                return
+            self._registered = True
+        os.register_at_fork(before=self.before_fork, after_in_parent=self.after_fork_in_parent)
+
     def before_fork(self) -> None:
         started = time.monotonic()
-        patience = health.patience()
+        give_up_at = min(health.give_up_at(started, health.patience()), started + FORK_WAIT)
+        forking = threading.get_ident()  # its own work (a callback that forks) is not waited for
         with self._lock:
             self._forks += 1
-            while self._depth:
-                remaining = health.give_up_at(started, patience) - time.monotonic()
+            while any(thread != forking for thread in self._depth):
+                remaining = give_up_at - time.monotonic()
                 if remaining <= 0:
                     break
-                self._changed.wait(min(remaining, SLOW))
+                self._changed.wait(remaining)
 
     def after_fork_in_parent(self) -> None:
         with self._lock:
@@ -227,6 +248,8 @@ class ForkGate:
         self._forks = 0
 
 
+#: Longest a fork waits for dask-otel's work under way.
+FORK_WAIT = 0.5
 #: The one per process.
 fork_gate = ForkGate()
 
@@ -313,11 +336,7 @@ def _after_fork_in_child() -> None:
             report_once(logging.getLogger(__name__), "forgetting", "dask-otel: %r failed", forget)
 
 
-os.register_at_fork(
-    before=lambda: fork_gate.before_fork(),
-    after_in_parent=lambda: fork_gate.after_fork_in_parent(),
-    after_in_child=_after_fork_in_child,
-)
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 #: What this process does at exit, stage by stage: build the telemetry still pending (the
 #: span emitters' backlog), then export it (the SDK's shutdown).

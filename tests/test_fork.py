@@ -12,6 +12,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from conftest import bin_path, otel_env
 
 #: Forks ``argv[1]`` children while two threads keep the export threads busy (spans, log
@@ -122,3 +123,45 @@ def test_dask_otel_has_one_fork_handler():
         [sys.executable, "-c", HANDLERS], capture_output=True, text=True, timeout=120, check=True
     )
     assert out.stdout.split() == ["1"]
+
+
+#: A fork while dask-otel's work never ends, in another thread or in the forking one.
+FORK_DURING_WORK = """
+import os, sys, threading
+from dask_otel import runtime
+entered, never = threading.Event(), threading.Event()
+
+def work_forever():
+    with runtime.fork_gate.work():
+        entered.set()
+        never.wait()
+
+def fork():
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+
+if sys.argv[1] == "another thread":
+    threading.Thread(target=work_forever, daemon=True).start()
+    entered.wait()
+    fork()
+else:
+    with runtime.fork_gate.work():  # a metric callback that forks, say
+        fork()
+print("forked")
+"""
+
+
+@pytest.mark.parametrize("whose", ["another thread", "its own"])
+def test_a_fork_waits_for_work_under_way_boundedly(whose):
+    """Work that never ends (an export or a collection stuck, with no queue telling the
+    collector's health) holds a fork up for ``runtime.FORK_WAIT`` at most, and a thread's
+    own work not at all: the forking thread may be an event loop."""
+    out = subprocess.run(
+        [sys.executable, "-c", FORK_DURING_WORK, whose],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.stdout.split() == ["forked"], out.stderr
