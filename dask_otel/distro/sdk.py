@@ -33,6 +33,7 @@ import os
 import re
 import socket
 import sys
+import threading
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
@@ -59,6 +60,8 @@ logger = logging.getLogger(__name__)
 
 #: Directory for the ``otlp_json_file`` exporters' files (``dask-otel demo`` sets it).
 FILE_EXPORT_DIR = "DASK_OTEL_FILE_EXPORT_DIR"
+#: Longest the exit waits for its exporters to stop (their gRPC channels to close).
+STOP_TIMEOUT = 1.0
 
 SERVICE_NAMES = {
     "scheduler": "dask-scheduler",
@@ -202,11 +205,18 @@ def _shutdown_at_exit() -> None:
         timeout = min(timeout, runtime.exit_limit)
     runtime.shutdown(runtime.Providers(*_owned.providers), timeout)  # type: ignore[arg-type]
     # If the shutdown gave up: no request left open for the interpreter's exit to wait on.
-    for stoppable in [*export_queues, *metric_exporters]:
-        stoppable.stop()
+    # In a thread, waited for boundedly: a channel that a fork split may never close.
+    stopping = threading.Thread(target=_stop_exporters, name="dask-otel-stop", daemon=True)
+    stopping.start()
+    stopping.join(STOP_TIMEOUT)
     _say_loss()
     # Said: the exporters' threads, which may still end a batch in failure, say no more.
     warned.update(f"dropped {signal}" for signal in NOUNS)
+
+
+def _stop_exporters() -> None:
+    for stoppable in [*export_queues, *metric_exporters]:
+        stoppable.stop()
 
 
 def _say_loss() -> None:
