@@ -221,10 +221,15 @@ class Slow(SpanExporter):
 
 @pytest.fixture
 def fresh_health(monkeypatch):
-    """What other tests in this process saw of their collectors, and lost, does not count
-    here; what this test loses is not counted for the others."""
+    """What other tests in this process saw of their collectors does not count here."""
     monkeypatch.setattr(runtime, "health", runtime.ExportHealth())
-    monkeypatch.setattr(drops, "_dropped", Counter())
+
+
+@pytest.fixture
+def dropped_here():
+    """What this test lost, by ``(signal, reason)`` (the process's counts go on)."""
+    before = Counter(drops.dropped())
+    return lambda: Counter(drops.dropped()) - before
 
 
 def traced(exporter, **options):
@@ -266,7 +271,7 @@ def behind_a_stuck_export(**limits):
         processor.shutdown()
 
 
-def test_queue_is_bounded_in_bytes_and_counts_what_it_drops(fresh_health):
+def test_queue_is_bounded_in_bytes_and_counts_what_it_drops(fresh_health, dropped_here):
     with behind_a_stuck_export(max_queue_memory=100_000, max_queue_size=100_000) as (
         exporter,
         processor,
@@ -274,20 +279,20 @@ def test_queue_is_bounded_in_bytes_and_counts_what_it_drops(fresh_health):
     ):
         for i in range(1000):
             task_span(tracer, i)
-        queued = len(processor.export_queue._items)
+        queued = len(processor.export_queue)
         assert 0 < processor.export_queue.bytes <= 100_000
         assert 40 < queued < 1000  # about 1.4 kB a span
-        assert drops.dropped()[("traces", "queue_full")] == 1000 - queued
+        assert dropped_here()[("traces", "queue_full")] == 1000 - queued
     assert exporter.exported == 10 + queued
 
 
-def test_queue_memory_0_bounds_the_queue_in_items_only(fresh_health):
+def test_queue_memory_0_bounds_the_queue_in_items_only(fresh_health, dropped_here):
     """``otel.max-queue-memory: 0`` is no bound in bytes (README), not room for nothing."""
     with behind_a_stuck_export(max_queue_memory=0, max_queue_size=100) as (_, processor, tracer):
         for i in range(150):
             task_span(tracer, i)
-        assert len(processor.export_queue._items) == 100
-        assert drops.dropped()[("traces", "queue_full")] == 50
+        assert len(processor.export_queue) == 100
+        assert dropped_here()[("traces", "queue_full")] == 50
 
 
 ESTIMATE = """
@@ -305,7 +310,7 @@ for i in range(2000):
     task_span(tracer, i)
 gc.collect()
 held = tracemalloc.get_traced_memory()[0] - before
-print(json.dumps([len(processor.export_queue._items), processor.export_queue.bytes, held]))
+print(json.dumps([len(processor.export_queue), processor.export_queue.bytes, held]))
 """
 
 
@@ -435,7 +440,7 @@ def test_a_forked_child_forgets_its_parents_queue_and_exports(fresh_health):
         try:
             exporter.release.set()  # this process's exports go through
             exporter.exported = 0
-            queued = len(processor.export_queue._items)
+            queued = len(processor.export_queue)
             patience = runtime.health.patience()
             task_span(tracer, 2)
             flushed = processor.force_flush(10_000)
@@ -551,12 +556,31 @@ sys.stdin.read()  # until the test saw the point
 """
 
 
-def test_a_users_metrics_are_exported_on_schedule_without_dask(receiver):
+#: The same meter made before the program configures the SDK with ``dask_otel.instrument``.
+USER_METER_FIRST = """
+import sys
+from opentelemetry import metrics
+counter = metrics.get_meter("user").create_counter("user.count")
+import dask_otel
+dask_otel.instrument()
+counter.add(1)
+sys.stdin.read()  # until the test saw the point
+"""
+
+
+@pytest.mark.parametrize(
+    "command",
+    [[bin_path("opentelemetry-instrument"), sys.executable, "-c", USER_METER],
+     [sys.executable, "-c", USER_METER_FIRST]],
+    ids=["opentelemetry-instrument", "meter-before-instrument"],
+)  # fmt: skip
+def test_a_users_metrics_are_exported_on_schedule_without_dask(receiver, command):
     """A process that makes its own meter gets its metrics exported every
-    ``OTEL_METRIC_EXPORT_INTERVAL`` (1 s here), not only at its exit."""
+    ``OTEL_METRIC_EXPORT_INTERVAL`` (1 s here), not only at its exit: also a meter made
+    before the SDK was configured."""
     env = otel_env(receiver, OTEL_METRICS_EXPORTER="otlp")
     with subprocess.Popen(
-        [bin_path("opentelemetry-instrument"), sys.executable, "-c", USER_METER],
+        command,
         env=env, stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     ) as process:  # fmt: skip
         try:

@@ -229,6 +229,10 @@ class ExportQueue:
         return False
 
     @contextlib.contextmanager
+    def __len__(self) -> int:
+        """Items queued and not yet taken by an export."""
+        return len(self._items)
+
     def held_still(self) -> Iterator[list[Any]]:
         """The items queued, while no export is under way and none starts (for tests:
         what a process killed at this moment leaves in its queue)."""

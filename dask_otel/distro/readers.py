@@ -157,6 +157,10 @@ def note_foreign_meters(provider: Any) -> None:
         return get_meter(name, *args, **kwargs)
 
     provider.get_meter = noted
+    # Meters asked for before the SDK was configured (the API's proxies, which
+    # ``set_meter_provider`` resolved meanwhile) are there already.
+    if any(scope.name != runtime.SCOPE for scope in list(getattr(provider, "_meters", ()))):
+        runtime.metric_demand.always()
 
 
 class _WatchedMetricExporter:
@@ -219,7 +223,8 @@ def watch_metric_exporters(provider: Any) -> None:
 
 
 def _forget_parent_readers() -> None:
-    for inherited in [*_readers, *metric_exporters]:
+    # The export locks first: a reader's thread, started again, takes them.
+    for inherited in [*metric_exporters, *_readers]:
         inherited._forget_parent()
 
 
