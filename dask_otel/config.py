@@ -7,7 +7,6 @@ variables and ``dask.config.set({"otel.task.max-events": 32})``.
 
 from __future__ import annotations
 
-import copy
 import difflib
 import logging
 import os
@@ -244,43 +243,11 @@ _READERS: dict[str, Callable[[], object]] = {
 }
 
 
-#: The ``otel:`` section last validated without a problem (a copy) and its settings: a
-#: client loads its settings on every submission, and validating costs ~70 us where
-#: comparing the section with this copy costs a few.
-_validated: tuple[object, Settings] | None = None
-_UNCOPIED = object()
-
-
 def load_settings() -> Settings:
     """Read and validate the current ``otel:`` config; raises :class:`ConfigError` naming
     every problem: keys dask-otel does not have (with the closest one it does) and values
     it cannot use (with what is allowed)."""
-    global _validated
-    section = dask.config.get("otel", {})
-    validated = _validated
-    if validated is not None and _same(section, validated[0]):
-        return validated[1]
-    try:
-        copied = copy.deepcopy(section)
-    except Exception:  # a value deepcopy cannot copy: validated each time
-        copied = _UNCOPIED
-    settings = _validate(section)
-    if copied is not _UNCOPIED and _same(section, copied):  # unchanged while validated
-        _validated = (copied, settings)
-    return settings
-
-
-def _same(section: object, copied: object) -> bool:
-    """Whether ``section`` holds what ``copied`` held (a value that cannot be compared,
-    an array say, is not known to be the same)."""
-    try:
-        return bool(section == copied)
-    except Exception:
-        return False
-
-
-def _validate(section: object) -> Settings:
-    problems = list(_unknown_keys(section, DEFAULTS["otel"], "otel"))
+    problems = list(_unknown_keys(dask.config.get("otel", {}), DEFAULTS["otel"], "otel"))
     values = {}
     for name, read in _READERS.items():
         try:
