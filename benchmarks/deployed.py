@@ -77,8 +77,9 @@ class Deployment:
         ]
         deadline = time.monotonic() + 60
         while not os.path.exists(scheduler_file):
-            if time.monotonic() > deadline:
-                raise TimeoutError("the scheduler wrote no scheduler file in 60 s")
+            if time.monotonic() > deadline or self.processes[0].poll() is not None:
+                self.stop()
+                raise RuntimeError("the scheduler wrote no scheduler file")
             time.sleep(0.05)
         self.scheduler_file = scheduler_file
         self.processes.append(
@@ -144,11 +145,6 @@ def one_round(
     finally:
         deployment.stop()
     return wall, cpu
-
-
-def summary(values: list[float]) -> str:
-    """Median (min-max)."""
-    return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
 
 
 def main() -> None:
@@ -227,7 +223,7 @@ def main() -> None:
     for mode in modes[1:]:
         traced = results[mode]
         wall = [t[0] / p[0] for t, p in zip(traced, plains, strict=True)]
-        print(f"\n{mode}: wall ratio {summary(wall)}")
+        print(f"\n{mode}: wall ratio {overhead.median_range(wall)}")
         print("  CPU us per task, plain -> instrumented, ratio:")
         for role in ROLES:
             before = [p[1][role] * scale for p in plains]
@@ -238,7 +234,7 @@ def main() -> None:
             ]
             print(
                 f"    {role:<10} {statistics.median(before):8.1f} -> "
-                f"{statistics.median(after):8.1f}   ratio {summary(ratios)}"
+                f"{statistics.median(after):8.1f}   ratio {overhead.median_range(ratios)}"
             )
     print(f"\nspans received over OTLP: {received}")
 

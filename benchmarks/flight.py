@@ -24,7 +24,6 @@ recorder on and off: what reached the collector of what the dead workers recorde
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
@@ -39,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from overhead import (
     DiscardingExporter,
     DiscardingMetricExporter,
+    median_range,
     one_round,
     start_receiver,
     worker_env,
@@ -47,10 +47,6 @@ from overhead import (
 import dask_otel
 from dask_otel.distro import compact_spans, mirror
 from dask_otel.signals import flight
-
-
-def _median(values: list[float]) -> str:
-    return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
 
 
 def micro(rounds: int, calls: int) -> None:
@@ -107,7 +103,7 @@ def micro(rounds: int, calls: int) -> None:
                 for _ in range(calls):
                     call()
                 per_call.append((time.perf_counter() - start) / calls * 1e6)
-            print(f"{name:<10} {_median(per_call)} us per call")
+            print(f"{name:<10} {median_range(per_call)} us per call")
 
 
 def workload(name: str, tasks: int, rounds: int) -> None:
@@ -146,10 +142,10 @@ def workload(name: str, tasks: int, rounds: int) -> None:
     wall_ratios = [on / off for on, off in zip(walls["on"], walls["off"], strict=True)]
     cpu_ratios = [on / off for on, off in zip(cpus["on"], cpus["off"], strict=True)]
     print(f"{name}, {tasks} tasks, {rounds} rounds, flight recorder on / off:")
-    print(f"  wall time        {_median(wall_ratios)}")
-    print(f"  worker CPU time  {_median(cpu_ratios)}")
+    print(f"  wall time        {median_range(wall_ratios)}")
+    print(f"  worker CPU time  {median_range(cpu_ratios)}")
     per_task = [(on - off) / tasks * 1e6 for on, off in zip(cpus["on"], cpus["off"], strict=True)]
-    print(f"  worker CPU per task, on minus off: {_median(per_task)} us")
+    print(f"  worker CPU per task, on minus off: {median_range(per_task)} us")
 
 
 def survival() -> None:

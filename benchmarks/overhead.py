@@ -408,6 +408,11 @@ def main() -> None:
         print(f"spans received over OTLP: {received}")
 
 
+def median_range(values: list[float]) -> str:
+    """Median (min-max), the figures every benchmark here reports."""
+    return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
+
+
 def dask_config(items: list[str]) -> dict[str, object]:
     """``KEY=VALUE`` items as dask config (values parsed as YAML)."""
     return {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in items if item)}
