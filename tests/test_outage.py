@@ -221,15 +221,11 @@ class Slow(SpanExporter):
 
 @pytest.fixture
 def fresh_health(monkeypatch):
-    """What other tests in this process saw of their collectors does not count here."""
+    """What other tests in this process saw of their collectors, and lost, does not count
+    here; what this test loses is not counted for the others (the loss said once names the
+    process's totals: test_export_drops checks them)."""
     monkeypatch.setattr(runtime, "health", runtime.ExportHealth())
-
-
-@pytest.fixture
-def dropped_here():
-    """What this test lost, by ``(signal, reason)`` (the process's counts go on)."""
-    before = Counter(drops.dropped())
-    return lambda: Counter(drops.dropped()) - before
+    monkeypatch.setattr(drops, "_dropped", Counter())
 
 
 def traced(exporter, **options):
@@ -271,7 +267,7 @@ def behind_a_stuck_export(**limits):
         processor.shutdown()
 
 
-def test_queue_is_bounded_in_bytes_and_counts_what_it_drops(fresh_health, dropped_here):
+def test_queue_is_bounded_in_bytes_and_counts_what_it_drops(fresh_health):
     with behind_a_stuck_export(max_queue_memory=100_000, max_queue_size=100_000) as (
         exporter,
         processor,
@@ -282,17 +278,17 @@ def test_queue_is_bounded_in_bytes_and_counts_what_it_drops(fresh_health, droppe
         queued = len(processor.export_queue)
         assert 0 < processor.export_queue.bytes <= 100_000
         assert 40 < queued < 1000  # about 1.4 kB a span
-        assert dropped_here()[("traces", "queue_full")] == 1000 - queued
+        assert drops.dropped()[("traces", "queue_full")] == 1000 - queued
     assert exporter.exported == 10 + queued
 
 
-def test_queue_memory_0_bounds_the_queue_in_items_only(fresh_health, dropped_here):
+def test_queue_memory_0_bounds_the_queue_in_items_only(fresh_health):
     """``otel.max-queue-memory: 0`` is no bound in bytes (README), not room for nothing."""
     with behind_a_stuck_export(max_queue_memory=0, max_queue_size=100) as (_, processor, tracer):
         for i in range(150):
             task_span(tracer, i)
         assert len(processor.export_queue) == 100
-        assert dropped_here()[("traces", "queue_full")] == 50
+        assert drops.dropped()[("traces", "queue_full")] == 50
 
 
 ESTIMATE = """

@@ -228,11 +228,11 @@ class ExportQueue:
         count_dropped(self.signal, reason, 1)
         return False
 
-    @contextlib.contextmanager
     def __len__(self) -> int:
         """Items queued and not yet taken by an export."""
         return len(self._items)
 
+    @contextlib.contextmanager
     def held_still(self) -> Iterator[list[Any]]:
         """The items queued, while no export is under way and none starts (for tests:
         what a process killed at this moment leaves in its queue)."""
