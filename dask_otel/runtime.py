@@ -3,26 +3,27 @@
 Where its components get their tracer, meter and logger provider (a plugin object may be
 pickled and shipped to another process, so it never carries providers itself: it asks
 this module when it starts; the providers handed to ``DaskInstrumentor().instrument(...)``
-in this process win, otherwise the global ones); what the exports tell of the collector
-(:class:`ExportHealth`); the fork gate and the one after-fork handler; the one exit
-handler; the demand for metrics on a schedule; and what is said once.
+in this process win, otherwise the global ones); the one instance of each class of
+:mod:`dask_otel.export_control` (what the exports tell of the collector, the fork gate,
+the demand for metrics on a schedule); the one after-fork handler; the one exit handler;
+and what is said once.
 """
 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import logging
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import _logs, metrics, trace
 
+from dask_otel.export_control import ExportHealth, ForkGate, MetricDemand
 from dask_otel.version import __version__
 
 if TYPE_CHECKING:
@@ -68,16 +69,6 @@ def is_configured() -> bool:
     )
 
 
-#: A flush stops waiting once no export of dask-otel's has succeeded for this many
-#: seconds (a collector that is down or hung: its exporter retries for up to 10 s a batch);
-#: for :data:`SLOW` seconds when the collector's last answer was a success (a large request
-#: on a loaded machine is slow, not hung), for :data:`GRACE` seconds when it was a failure
-#: (a new export gets through in milliseconds if the collector is back); and at once while
-#: an export has been under way for longer than that (nothing else gets through before it
-#: ends).
-STALL = 0.5
-SLOW = 2.0
-GRACE = 0.1
 #: A Nanny asks its worker to close and kills it 4 s later (0.8 x the 5 s timeout of
 #: ``Nanny.close``, ``Nanny.kill`` and ``Nanny.restart`` in distributed): a worker under
 #: a Nanny flushes at most this long when it closes, and its exit waits at most
@@ -86,228 +77,10 @@ NANNY_FLUSH = 1.5
 NANNY_EXIT = 0.5
 
 
-class ExportHealth:
-    """What dask-otel's export queues last saw of the collector.
-
-    Flushes ask it whether to keep waiting: a collector that takes batches keeps a flush
-    going (up to its timeout); one that has answered nothing for a while is down or hung,
-    and waiting longer would only delay a close or an exit.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        #: Whether dask-otel's queues export in this process (else there is nothing to go by).
-        self.watched = False
-        #: When each export under way started (monotonic), by exporting thread.
-        self._running: dict[int, float] = {}
-        #: When an export last succeeded; when one last failed or a flush gave up (0: never).
-        self.last_success = 0.0
-        self.last_failure = 0.0
-
-    def started(self) -> None:
-        with self._lock:
-            self._running[threading.get_ident()] = time.monotonic()
-
-    def progress(self) -> None:
-        """A request of the export under way in this thread went through (a batch may take
-        several)."""
-        with self._lock:
-            now = self.last_success = time.monotonic()
-            if threading.get_ident() in self._running:
-                self._running[threading.get_ident()] = now
-
-    def finished(self, ok: bool) -> None:
-        with self._lock:
-            self._running.pop(threading.get_ident(), None)
-            if ok:
-                self.last_success = time.monotonic()
-            else:
-                self.last_failure = time.monotonic()
-
-    def gave_up(self) -> None:
-        """A flush stopped waiting: the collector is taken for down until an export succeeds."""
-        self.last_failure = time.monotonic()
-
-    def _limit(self) -> float:
-        """How long the collector may stay silent: :data:`SLOW` if it last answered with
-        a success, else :data:`STALL`."""
-        return SLOW if self.last_success > self.last_failure else STALL
-
-    def stuck(self) -> bool:
-        """Whether an export has been under way with no answer for longer than the
-        collector may stay silent (retrying, or waiting for an answer that does not come)."""
-        with self._lock:
-            oldest = min(self._running.values(), default=None)
-        return oldest is not None and time.monotonic() - oldest > self._limit()
-
-    def failing(self) -> bool:
-        """Whether the collector is down or hung, as far as the exports tell."""
-        return self.stuck() or self.last_failure > self.last_success
-
-    def give_up_at(self, since: float, patience: float) -> float:
-        """When a wait that began at ``since`` should stop, no export having succeeded
-        for ``patience`` seconds (infinity when dask-otel does not export here)."""
-        if not self.watched:
-            return float("inf")
-        return max(since, self.last_success) + patience
-
-    def forget_parent(self) -> None:
-        """In a forked child: the parent's exports under way are not this process's."""
-        self._lock = threading.Lock()
-        self._running = {}
-
-    def patience(self) -> float:
-        """How long a wait beginning now goes on without an export succeeding."""
-        if self.stuck():
-            return 0.0
-        return GRACE if self.last_failure > self.last_success else self._limit()
-
-
 #: The one per process (a forked child inherits what its parent saw of the collector).
 health = ExportHealth()
-
-
-class ForkGate:
-    """Work a fork must not split: dask-otel's exports, and its metric readers'
-    collections (which hold the SDK's locks).
-
-    A process forked while one of its threads is inside gRPC inherits that call's locks
-    held, and gRPC skips its own fork handlers: the child's exports on that channel wait
-    forever (a Nanny's worker started with ``fork`` never exported), and so may its exit,
-    which closes the channel; or gRPC aborts the child. So a fork waits for the work under
-    way (of other threads), no work starts while it waits, and the wait ends once no
-    export has succeeded for a moment (:class:`ExportHealth`) or after :data:`FORK_WAIT`
-    at most: the forking thread may be an event loop.
-
-    Its before-fork handler is registered with the first work, after the modules a process
-    imports at start-up: handlers run newest first, and ``concurrent.futures`` holds the
-    lock every executor submit needs in its own, which must not be held while this one
-    waits (an event loop's ``run_in_executor`` would stall for the wait).
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        #: Notified as work ends, and as a fork is done.
-        self._changed = threading.Condition(self._lock)
-        #: How deep each thread is in work under way (work may nest in work).
-        self._depth: dict[int, int] = {}
-        #: Forks under way (each thread may fork): no work starts.
-        self._forks = 0
-        #: Whether the fork handlers are registered (with the first work).
-        self._registered = False
-
-    @contextlib.contextmanager
-    def work(self) -> Iterator[None]:
-        if not self._registered:
-            self._register()
-        thread = threading.get_ident()
-        with self._lock:
-            depth = self._depth.get(thread, 0)
-            while self._forks and not depth:
-                self._changed.wait()
-            self._depth[thread] = depth + 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                if depth:
-                    self._depth[thread] = depth
-                else:
-                    del self._depth[thread]
-                self._changed.notify_all()
-
-    def _register(self) -> None:
-        with self._lock:
-            if self._registered:
-                return
-            self._registered = True
-        os.register_at_fork(before=self.before_fork, after_in_parent=self.after_fork_in_parent)
-
-    def before_fork(self) -> None:
-        started = time.monotonic()
-        give_up_at = min(health.give_up_at(started, health.patience()), started + FORK_WAIT)
-        forking = threading.get_ident()  # its own work (a callback that forks) is not waited for
-        with self._lock:
-            self._forks += 1
-            while any(thread != forking for thread in self._depth):
-                remaining = give_up_at - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._changed.wait(remaining)
-
-    def after_fork_in_parent(self) -> None:
-        with self._lock:
-            self._forks -= 1
-            self._changed.notify_all()
-
-    def forget_parent(self) -> None:
-        """In a forked child: the parent's work and forks are not here."""
-        self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
-        self._depth = {}
-        self._forks = 0
-
-
-#: Longest a fork waits for dask-otel's work under way.
-FORK_WAIT = 0.5
-#: The one per process.
-fork_gate = ForkGate()
-
-
-class MetricDemand:
-    """Whether this process has metrics to report on a schedule: while a scheduler, worker
-    or Nanny of dask-otel's runs in it (each holds the demand from its start to its
-    close), and for good once anything but dask-otel asked for a meter.
-
-    The metric readers dask-otel configures (:mod:`dask_otel.distro.readers`) run their
-    thread only then, so that a process that never uses Dask runs no thread of
-    dask-otel's, and a closed cluster leaves none behind (distributed's tests check both).
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        #: ``id()`` of each server holding the demand (the server itself is not kept).
-        self._held: set[int] = set()
-        #: Something other than dask-otel made a meter: its instruments may record any time.
-        self._always = False
-        #: Called with :meth:`wanted` whenever it changes (under the lock: never call back).
-        self._listeners: list[Callable[[bool], None]] = []
-
-    def hold(self, server: object) -> None:
-        with self._lock:
-            self._held.add(id(server))
-            self._tell()
-
-    def release(self, server: object) -> None:
-        with self._lock:
-            self._held.discard(id(server))
-            self._tell()
-
-    def always(self) -> None:
-        with self._lock:
-            if not self._always:
-                self._always = True
-                self._tell()
-
-    def wanted(self) -> bool:
-        return self._always or bool(self._held)
-
-    def listen(self, listener: Callable[[bool], None]) -> None:
-        with self._lock:
-            self._listeners.append(listener)
-
-    def _tell(self) -> None:
-        wanted = self.wanted()
-        for listener in self._listeners:
-            listener(wanted)
-
-    def forget_parent(self) -> None:
-        """In a forked child: the parent's servers do not run here (a meter made stays).
-        The listeners are not told: they are reset after this, and ask."""
-        self._lock = threading.Lock()
-        self._held = set()
-
-
+#: The one per process; it asks the process's :data:`health` (whichever it is now).
+fork_gate = ForkGate(lambda: health)
 #: The one per process.
 metric_demand = MetricDemand()
 

@@ -37,7 +37,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from otlp_receiver import UNANSWERED, unanswered
 
-from dask_otel import runtime
+from dask_otel import export_control, runtime
 from dask_otel.distro import drops, processors
 
 #: No stop waits for what the collector does not answer: well under this (before, a
@@ -224,7 +224,7 @@ def fresh_health(monkeypatch):
     """What other tests in this process saw of their collectors, and lost, does not count
     here; what this test loses is not counted for the others (the loss said once names the
     process's totals: test_export_drops checks them)."""
-    monkeypatch.setattr(runtime, "health", runtime.ExportHealth())
+    monkeypatch.setattr(runtime, "health", export_control.ExportHealth())
     monkeypatch.setattr(drops, "_dropped", Counter())
 
 
@@ -428,7 +428,7 @@ def test_a_forked_child_forgets_its_parents_queue_and_exports(fresh_health):
     task_span(tracer, 0)
     assert exporter.entered.wait(30)
     task_span(tracer, 1)  # queued behind the hung export
-    time.sleep(runtime.STALL + 0.1)
+    time.sleep(export_control.STALL + 0.1)
     assert runtime.health.patience() == 0  # the parent's export is stuck
     read, write = os.pipe()
     pid = os.fork()
@@ -449,7 +449,7 @@ def test_a_forked_child_forgets_its_parents_queue_and_exports(fresh_health):
     os.waitpid(pid, 0)
     exporter.release.set()
     processor.shutdown()
-    assert [queued, patience, flushed, exported] == [0, runtime.STALL, True, 1]
+    assert [queued, patience, flushed, exported] == [0, export_control.STALL, True, 1]
 
 
 def test_queue_memory_setting_reaches_the_configured_processors():
