@@ -195,9 +195,7 @@ def main() -> None:
     modes = ["plain", *variants]
     results: dict[str, list[tuple[float, dict[str, float]]]] = {mode: [] for mode in modes}
     try:
-        for r in range(args.rounds):
-            order = modes[r % len(modes) :] + modes[: r % len(modes)]
-            times = {mode: run(mode) for mode in order}
+        for r, times in enumerate(overhead.interleaved(modes, args.rounds, run)):
             for mode in modes:
                 results[mode].append(times[mode])
             print(

@@ -41,7 +41,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -372,10 +372,7 @@ def main() -> None:
     modes = ["plain", *processors, *variants]
     results: dict[str, list] = {mode: [] for mode in modes}
     try:
-        for r in range(args.rounds):
-            # Rotate which goes first, so that none always runs on a warmer process.
-            order = modes[r % len(modes) :] + modes[: r % len(modes)]
-            times = {mode: run(mode) for mode in order}
+        for r, times in enumerate(interleaved(modes, args.rounds, run)):
             for mode in modes:
                 results[mode].append(times[mode])
             plain = times["plain"]
@@ -406,6 +403,14 @@ def main() -> None:
         print(f"spans exported: {exporter.count}")
     if received is not None:
         print(f"spans received over OTLP: {received}")
+
+
+def interleaved(modes: list[str], rounds: int, run: Callable[[str], Any]) -> Iterator[dict]:
+    """Each round's result of ``run`` for every mode, the modes run in turn and rotating
+    which goes first, so that none always runs on a warmer machine."""
+    for r in range(rounds):
+        order = modes[r % len(modes) :] + modes[: r % len(modes)]
+        yield {mode: run(mode) for mode in order}
 
 
 def median_range(values: list[float]) -> str:
