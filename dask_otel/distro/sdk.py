@@ -207,8 +207,12 @@ def _shutdown_at_exit() -> None:
     # If the shutdown gave up: no request left open for the interpreter's exit to wait on.
     # In a thread, waited for boundedly: a channel that a fork split may never close.
     stopping = threading.Thread(target=_stop_exporters, name="dask-otel-stop", daemon=True)
-    stopping.start()
-    stopping.join(STOP_TIMEOUT)
+    try:
+        stopping.start()
+    except RuntimeError:  # no new thread this late (an interpreter that refuses): stop here
+        _stop_exporters()
+    else:
+        stopping.join(STOP_TIMEOUT)
     _say_loss()
     # Said: the exporters' threads, which may still end a batch in failure, say no more.
     warned.update(f"dropped {signal}" for signal in NOUNS)
