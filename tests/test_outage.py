@@ -414,8 +414,9 @@ def test_a_batch_goes_out_on_the_schedule_a_waiting_thread_would_have_kept(fresh
     processor, _ = traced(Slow(0), schedule_delay_millis=1000)
     queue = processor.export_queue
     try:
-        queue._schedule_from -= 2.25  # idle for 2.25 delays: the next tick is 0.75 s away
-        assert queue._due() - queue._schedule_from == pytest.approx(3.0)
+        began = queue.schedule_began
+        # Idle for 2.25 delays: the next tick is 0.75 s away.
+        assert queue.next_export_due(began + 2.25) - began == pytest.approx(3.0)
     finally:
         processor.shutdown()
 

@@ -189,9 +189,8 @@ class ExportQueue:
         self._stopped = False  #: takes no more batches (shutdown gave up waiting)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        #: When the export schedule last began (monotonic): at the queue's creation, and
-        #: as each batch's export ends (see :meth:`_due`).
-        self._schedule_from = time.monotonic()
+        #: See :attr:`schedule_began`.
+        self._schedule_began = time.monotonic()
         #: The exporting thread while items wait (see :meth:`_next_batch`).
         self._thread: threading.Thread | None = None
         runtime.health.watched = True
@@ -204,6 +203,12 @@ class ExportQueue:
         if bound is None:
             bound = self._max_bytes = _queue_memory()
         return DEFAULT_QUEUE_MEMORY if bound is None else bound
+
+    @property
+    def schedule_began(self) -> float:
+        """When the export schedule last began (monotonic): at the queue's creation, and
+        as each batch's export ends (see :meth:`next_export_due`)."""
+        return self._schedule_began
 
     def put(self, item: Any) -> bool:
         """Queue ``item`` unless it does not fit (counted as dropped); never blocks."""
@@ -313,7 +318,7 @@ class ExportQueue:
         stopped."""
         limits = self.limits
         with self._lock:
-            due = self._due()
+            due = self.next_export_due()
             while not self._stopped and self._items:
                 items = len(self._items)
                 if items >= limits.batch or (
@@ -328,14 +333,17 @@ class ExportQueue:
             self._thread = None
             return None
 
-    def _due(self) -> float:
-        """When the next scheduled batch is due: every ``delay`` seconds since the schedule
-        began, as if a thread had waited all along (as the SDK's does): an item goes out
-        when it would have then, not a whole ``delay`` after it came (a short script
-        learns as early that its collector is down, and its exit waits no longer)."""
+    def next_export_due(self, now: float | None = None) -> float:
+        """When the next scheduled batch is due (monotonic) as of ``now`` (default: now):
+        every ``delay`` seconds since :attr:`schedule_began`, as if a thread had waited all
+        along (as the SDK's does): an item goes out when it would have then, not a whole
+        ``delay`` after it came (a short script learns as early that its collector is down,
+        and its exit waits no longer)."""
+        if now is None:
+            now = time.monotonic()
         delay = self.limits.delay
-        ticks = max(1, math.ceil((time.monotonic() - self._schedule_from) / delay))
-        return self._schedule_from + ticks * delay
+        ticks = max(1, math.ceil((now - self._schedule_began) / delay))
+        return self._schedule_began + ticks * delay
 
     def _export(self, batch: list[Any]) -> None:
         warn_dropped(self.signal)  # queue drops since the last batch
@@ -360,7 +368,7 @@ class ExportQueue:
                 count_dropped(self.signal, "export_failed", lost)
             self._done += len(batch)
             self._in_flight = 0
-            self._schedule_from = time.monotonic()
+            self._schedule_began = time.monotonic()
             self._changed.notify_all()
         if lost:
             warn_dropped(self.signal)
