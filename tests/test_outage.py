@@ -25,7 +25,6 @@ import sys
 import textwrap
 import threading
 import time
-from collections import Counter
 
 import pytest
 from conftest import bin_path, otel_env, start_scheduler, start_worker
@@ -225,7 +224,8 @@ def fresh_health(monkeypatch):
     here; what this test loses is not counted for the others (the loss said once names the
     process's totals: test_export_drops checks them)."""
     monkeypatch.setattr(runtime, "health", export_control.ExportHealth())
-    monkeypatch.setattr(drops, "_dropped", Counter())
+    with drops.counted_apart():
+        yield
 
 
 def traced(exporter, **options):

@@ -8,9 +8,11 @@ SDK's batch processors ignore it). dask-otel's export queues count both here, th
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections import Counter
+from collections.abc import Iterator
 
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -49,6 +51,21 @@ def count_dropped(signal: str, reason: str, count: int) -> None:
     """Count lost items. Cheap: called by a batch processor for each item it drops."""
     with _dropped_lock:
         _dropped[signal, reason] += count
+
+
+@contextlib.contextmanager
+def counted_apart() -> Iterator[None]:
+    """Count losses in a counter of their own while this lasts, then in the process's
+    again (for tests: the loss said once names the totals counted, so one test's losses
+    would change what another's message says)."""
+    global _dropped
+    with _dropped_lock:
+        kept, _dropped = _dropped, Counter()
+    try:
+        yield
+    finally:
+        with _dropped_lock:
+            _dropped = kept
 
 
 def warn_dropped(signal: str) -> None:
