@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import signal
 import socket
 import statistics
@@ -58,7 +57,7 @@ from typing import Any
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
-from otlp_receiver import UNANSWERED, spawn_counting, unanswered  # noqa: E402
+from otlp_receiver import UNANSWERED, exporting_env, spawn_counting, unanswered  # noqa: E402
 
 BIN = Path(sys.executable).parent
 COLLECTORS = ("plain", "up", *UNANSWERED)
@@ -159,23 +158,13 @@ def collector(kind: str) -> Iterator[str]:
 
 def environment(endpoint: str, checkout: str | None = None) -> dict[str, str]:
     """The processes' environment; ``checkout``: a directory whose dask_otel they import."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("OTEL_", "DASK_")) and k != "PYTHONPATH"
-    }
-    if checkout:
-        env["PYTHONPATH"] = checkout
-    env.update(
-        OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
-        OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
+    return exporting_env(
+        endpoint,
         OTEL_BSP_SCHEDULE_DELAY="1000",
         OTEL_BLRP_SCHEDULE_DELAY="1000",
         OTEL_METRIC_EXPORT_INTERVAL="2000",
-        DASK_DISTRIBUTED__DIAGNOSTICS__NVML="False",
-        PYTHONUNBUFFERED="1",
+        **({"PYTHONPATH": checkout} if checkout else {}),
     )
-    return env
 
 
 def count_complaints(text: str, counts: dict[str, int]) -> None:

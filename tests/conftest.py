@@ -25,7 +25,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from otlp_receiver import OTLPReceiver
+from otlp_receiver import OTLPReceiver, exporting_env
 
 import dask_otel
 from dask_otel.spans import errors
@@ -117,25 +117,18 @@ def receiver() -> Iterator[OTLPReceiver]:
         yield rx
 
 
+#: A test's processes export soon after they record.
+QUICK_EXPORTS = {
+    "OTEL_BSP_SCHEDULE_DELAY": "200",
+    "OTEL_BLRP_SCHEDULE_DELAY": "200",
+    "OTEL_METRIC_EXPORT_INTERVAL": "1000",
+}
+
+
 def otel_env(rx: OTLPReceiver, protocol: str = "grpc", **extra: str) -> dict[str, str]:
     """Environment of a process that exports everything to ``rx`` quickly."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("OTEL_", "DASK_")) and k != "PYTHONPATH"
-    }
     endpoint = rx.grpc_endpoint if protocol == "grpc" else rx.http_endpoint
-    env.update(
-        OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
-        OTEL_EXPORTER_OTLP_PROTOCOL="grpc" if protocol == "grpc" else "http/protobuf",
-        OTEL_BSP_SCHEDULE_DELAY="200",
-        OTEL_BLRP_SCHEDULE_DELAY="200",
-        OTEL_METRIC_EXPORT_INTERVAL="1000",
-        DASK_DISTRIBUTED__DIAGNOSTICS__NVML="False",
-        PYTHONUNBUFFERED="1",
-    )
-    env.update(extra)
-    return env
+    return exporting_env(endpoint, protocol, **{**QUICK_EXPORTS, **extra})
 
 
 def bin_path(name: str) -> str:

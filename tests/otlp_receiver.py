@@ -12,6 +12,7 @@ plain Python dicts that tests can assert on::
 from __future__ import annotations
 
 import gzip
+import os
 import socket
 import subprocess
 import sys
@@ -45,6 +46,7 @@ __all__ = [
     "any_value_to_python",
     "attributes_to_dict",
     "closed_port",
+    "exporting_env",
     "unanswered",
 ]
 
@@ -734,6 +736,25 @@ def unanswered(kind: str) -> Iterator[str]:
             yield hung.grpc_endpoint
     else:
         raise ValueError(f"unknown collector fault {kind!r}; one of {UNANSWERED}")
+
+
+def exporting_env(endpoint: str, protocol: str = "grpc", **variables: str) -> dict[str, str]:
+    """The environment of a process that exports everything to ``endpoint`` (a receiver's,
+    or one of :func:`unanswered`): this process's without its ``OTEL_*``, ``DASK_*`` and
+    ``PYTHONPATH``, so that only ``variables`` (added last) configure it beyond that."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("OTEL_", "DASK_")) and k != "PYTHONPATH"
+    }
+    env.update(
+        OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
+        OTEL_EXPORTER_OTLP_PROTOCOL="grpc" if protocol == "grpc" else "http/protobuf",
+        DASK_DISTRIBUTED__DIAGNOSTICS__NVML="False",
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(variables)
+    return env
 
 
 def serve_counting() -> None:
