@@ -27,11 +27,11 @@ times for that collector).
     python benchmarks/outage.py --rounds 7
     python benchmarks/outage.py --rounds 7 --cases processes --collectors plain,up,down \
         --against main=/tmp/main-checkout   # also each instrumented kind with that checkout
+    python benchmarks/outage.py --memory    # a worker's RSS over 20 computations
 
 ``--against NAME=DIR`` (repeatable) also runs every instrumented collector kind with
 ``PYTHONPATH=DIR``, so with the dask-otel of that checkout (``git archive main dask_otel``
 unpacked in ``DIR``), in the same interleaved rounds: its columns are ``KIND@NAME``.
-    python benchmarks/outage.py --memory    # a worker's RSS over 20 computations
 
 ``--memory`` runs 20 computations of ``--tasks`` tasks on a one-worker ``LocalCluster``
 with worker processes, plain and instrumented with the collector up and down, and prints
