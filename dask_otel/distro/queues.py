@@ -189,8 +189,9 @@ class ExportQueue:
         self._stopped = False  #: takes no more batches (shutdown gave up waiting)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        #: See :attr:`schedule_began`.
-        self._schedule_began = time.monotonic()
+        #: When the export schedule last began (monotonic): at the queue's creation, and
+        #: as each batch's export ends (see :meth:`next_export_due`).
+        self.schedule_began = time.monotonic()
         #: The exporting thread while items wait (see :meth:`_next_batch`).
         self._thread: threading.Thread | None = None
         runtime.health.watched = True
@@ -203,12 +204,6 @@ class ExportQueue:
         if bound is None:
             bound = self._max_bytes = _queue_memory()
         return DEFAULT_QUEUE_MEMORY if bound is None else bound
-
-    @property
-    def schedule_began(self) -> float:
-        """When the export schedule last began (monotonic): at the queue's creation, and
-        as each batch's export ends (see :meth:`next_export_due`)."""
-        return self._schedule_began
 
     def put(self, item: Any) -> bool:
         """Queue ``item`` unless it does not fit (counted as dropped); never blocks."""
@@ -342,8 +337,8 @@ class ExportQueue:
         if now is None:
             now = time.monotonic()
         delay = self.limits.delay
-        ticks = max(1, math.ceil((now - self._schedule_began) / delay))
-        return self._schedule_began + ticks * delay
+        ticks = max(1, math.ceil((now - self.schedule_began) / delay))
+        return self.schedule_began + ticks * delay
 
     def _export(self, batch: list[Any]) -> None:
         warn_dropped(self.signal)  # queue drops since the last batch
@@ -368,7 +363,7 @@ class ExportQueue:
                 count_dropped(self.signal, "export_failed", lost)
             self._done += len(batch)
             self._in_flight = 0
-            self._schedule_began = time.monotonic()
+            self.schedule_began = time.monotonic()
             self._changed.notify_all()
         if lost:
             warn_dropped(self.signal)
