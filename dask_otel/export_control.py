@@ -26,6 +26,14 @@ GRACE = 0.1
 FORK_WAIT = 0.5
 
 
+class Outcome:
+    """Of one export (see :meth:`ExportHealth.exporting`)."""
+
+    def __init__(self) -> None:
+        #: Whether the collector took it, by its exporter's rule; not if the export raised.
+        self.ok = False
+
+
 class ExportHealth:
     """What dask-otel's export queues last saw of the collector.
 
@@ -44,9 +52,24 @@ class ExportHealth:
         self.last_success = 0.0
         self.last_failure = 0.0
 
-    def started(self) -> None:
+    @contextlib.contextmanager
+    def exporting(self) -> Iterator[Outcome]:
+        """An export under way in this thread (:meth:`stuck` watches it), then a success
+        or a failure: failed unless the caller sets the outcome's ``ok``, for the rule of
+        what counts as taken is each exporter's."""
+        thread = threading.get_ident()
         with self._lock:
-            self._running[threading.get_ident()] = time.monotonic()
+            self._running[thread] = time.monotonic()
+        outcome = Outcome()
+        try:
+            yield outcome
+        finally:
+            with self._lock:
+                self._running.pop(thread, None)
+                if outcome.ok:
+                    self.last_success = time.monotonic()
+                else:
+                    self.last_failure = time.monotonic()
 
     def progress(self) -> None:
         """A request of the export under way in this thread went through (a batch may take
@@ -55,14 +78,6 @@ class ExportHealth:
             now = self.last_success = time.monotonic()
             if threading.get_ident() in self._running:
                 self._running[threading.get_ident()] = now
-
-    def finished(self, ok: bool) -> None:
-        with self._lock:
-            self._running.pop(threading.get_ident(), None)
-            if ok:
-                self.last_success = time.monotonic()
-            else:
-                self.last_failure = time.monotonic()
 
     def gave_up(self) -> None:
         """A flush stopped waiting: the collector is taken for down until an export succeeds."""

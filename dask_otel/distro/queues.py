@@ -343,11 +343,12 @@ class ExportQueue:
     def _export(self, batch: list[Any]) -> None:
         warn_dropped(self.signal)  # queue drops since the last batch
         token = attach(set_value(_SUPPRESS_INSTRUMENTATION_KEY, True))
-        runtime.health.started()
         lost = len(batch)
         try:
-            self.exporter.export(batch)
-            lost = self.exporter.lost
+            with runtime.health.exporting() as outcome:
+                self.exporter.export(batch)
+                lost = self.exporter.lost
+                outcome.ok = lost < len(batch)  # the collector took some
         except Exception:
             report_once(
                 logger,
@@ -356,7 +357,6 @@ class ExportQueue:
                 NOUNS[self.signal],
             )
         finally:
-            runtime.health.finished(lost < len(batch))  # the collector took some
             detach(token)
         with self._lock:  # counted and no longer in flight at once (see _say_loss)
             if lost:

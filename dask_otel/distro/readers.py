@@ -179,15 +179,10 @@ class _WatchedMetricExporter:
     def export(self, *args: Any, **kwargs: Any) -> Any:
         if self._stopped:  # the reader's last collection, after the exit stopped this
             return MetricExportResult.FAILURE
-        with runtime.fork_gate.work():
-            runtime.health.started()
-            ok = False
-            try:
-                result = self._exporter.export(*args, **kwargs)
-                ok = getattr(result, "name", "SUCCESS") == "SUCCESS"
-                return result
-            finally:
-                runtime.health.finished(ok)
+        with runtime.fork_gate.work(), runtime.health.exporting() as outcome:
+            result = self._exporter.export(*args, **kwargs)
+            outcome.ok = getattr(result, "name", "SUCCESS") == "SUCCESS"
+            return result
 
     def shutdown(self, *args: Any, **kwargs: Any) -> None:
         if not self._stopped:
