@@ -165,3 +165,45 @@ def test_a_fork_waits_for_work_under_way_boundedly(whose):
         timeout=60,
     )
     assert out.stdout.split() == ["forked"], out.stderr
+
+
+#: Forks ``argv[1]`` children while a thread keeps reading the counts of lost spans under
+#: their lock (in many steps: a thread switch may come meanwhile); each child counts one.
+FORK_DURING_COUNT_READ = """
+import logging, os, signal, sys, threading
+from dask_otel.distro import drops
+
+logging.disable()  # what is said of the losses
+for reason in range(1000):
+    drops.count_dropped("traces", str(reason), 1)
+
+def read_forever():
+    while True:
+        drops.warned.clear()  # read the counts each time
+        drops.warn_dropped("traces")
+
+threading.Thread(target=read_forever, daemon=True).start()
+for i in range(int(sys.argv[1])):
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(10)  # stuck on a lock the parent's thread held at the fork: killed
+        drops.count_dropped("traces", "queue_full", 1)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status):
+        print(f"child {i}: {os.waitstatus_to_exitcode(status)}", flush=True)
+        break
+print("forked")
+"""
+
+
+def test_a_forked_child_counts_its_losses():
+    """Whatever a thread of its parent held at the fork: drops' lock is the child's own
+    (before, one of the first children, forked mid-read, never counted and was killed)."""
+    out = subprocess.run(
+        [sys.executable, "-c", FORK_DURING_COUNT_READ, "20"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.stdout.split() == ["forked"], out.stdout + out.stderr

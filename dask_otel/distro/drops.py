@@ -105,6 +105,16 @@ def _observe_dropped(options: CallbackOptions) -> list[Observation]:
     ]
 
 
+def _forget_parent() -> None:
+    """In a forked child: the lock is free (a thread of the parent may have held it at the
+    fork, reading the counts, and is not here)."""
+    global _dropped_lock
+    _dropped_lock = threading.Lock()
+
+
+runtime.forget_in_child(_forget_parent)
+
+
 def register_dropped_counter() -> None:
     """The ``dask_otel.exporter.dropped`` counter, on the meter provider just configured."""
     from dask_otel.signals.instruments import DROPPED, INSTRUMENTS
