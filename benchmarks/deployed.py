@@ -13,6 +13,13 @@ Reported: the wall ratio, and CPU per task of each process (scheduler, the Nanni
 process, the two worker processes, this client, the receiver), medians with min-max.
 
     python benchmarks/deployed.py --workload graph --tasks 4000 --rounds 7
+    python benchmarks/deployed.py --workload graph --tasks 4000 --rounds 7 \
+        --against before=/tmp/before-checkout
+
+``--against NAME=DIR`` (repeatable) adds instrumented rounds whose scheduler and worker
+processes import ``dask_otel`` from the checkout DIR (first on their ``PYTHONPATH``): two
+versions of the code side by side in one run. The client in this process keeps this
+checkout's.
 """
 
 from __future__ import annotations
@@ -159,6 +166,13 @@ def main() -> None:
         metavar="NAME:KEY=VALUE[,KEY=VALUE]",
         help="also run every round instrumented with this dask config, in every process",
     )
+    parser.add_argument(
+        "--against",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="also run every round instrumented with dask_otel imported from checkout DIR",
+    )
     args = parser.parse_args()
     endpoint, receiver_process = overhead.start_receiver()
     receiver = psutil.Process(receiver_process.pid)
@@ -168,10 +182,14 @@ def main() -> None:
         filter(None, [str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH")])
     )
     otel_env = {**plain_env, **overhead.worker_env(endpoint)}
-    variants = {"dask-otel": {}}
+    #: Each instrumented mode's dask config, and the checkout its processes import from.
+    variants: dict[str, tuple[dict[str, object], str | None]] = {"dask-otel": ({}, None)}
     for item in args.variant:
         name, spec = item.split(":", 1)
-        variants[name] = overhead.dask_config(spec.split(","))
+        variants[name] = (overhead.dask_config(spec.split(",")), None)
+    for item in args.against:
+        name, checkout = item.split("=", 1)
+        variants[name] = ({}, str(Path(checkout).resolve()))
     provider = TracerProvider()
     provider.add_span_processor(processors.span_processor(overhead.make_exporter(endpoint)))
     meter_provider = MeterProvider(
@@ -183,8 +201,10 @@ def main() -> None:
     def run(mode: str) -> tuple[float, dict[str, float]]:
         if mode == "plain":
             return one_round(workload, args.tasks, plain_env, False, receiver)
-        config = variants[mode]
+        config, checkout = variants[mode]
         env = {**otel_env, **{overhead.dask_variable(k): str(v) for k, v in config.items()}}
+        if checkout is not None:
+            env["PYTHONPATH"] = os.pathsep.join([checkout, env["PYTHONPATH"]])
         instrumentor.instrument(tracer_provider=provider, meter_provider=meter_provider)
         try:
             return one_round(workload, args.tasks, env, True, receiver)
