@@ -230,6 +230,7 @@ def written_and_started(limits=None, processor=None):
         assert spans.direct is direct
         current = DeferredSpan(PARENT)
         current.set_attribute("user.rows", 3)
+        current.set_attribute("n", 2)  # set again: moves to the end, as in the SDK
         current.set_attributes({"user.list": [1, 2], "user.bad": object()})
         current.add_event("user.checkpoint", {"step": 1}, timestamp=150)
         current.set_status(Status(StatusCode.OK))
@@ -258,7 +259,7 @@ def fields(span) -> dict:
         "parent": (span.parent.span_id, span.parent.is_remote),
         "kind": span.kind,
         "times": (span.start_time, span.end_time),
-        "attributes": dict(span.attributes),
+        "attributes": list(span.attributes.items()),  # in order
         "events": [(e.name, e.timestamp, dict(e.attributes)) for e in span.events],
         "links": [(link.context.span_id, dict(link.attributes)) for link in span.links],
         "status": (span.status.status_code, span.status.description),
@@ -281,6 +282,15 @@ def test_a_written_span_keeps_the_sdks_limits():
     written, started = written_and_started(limits)
     assert fields(written) == fields(started)
     assert written.dropped_attributes and written.dropped_events and written.dropped_links
+
+
+def test_a_written_span_keeps_the_sdks_count_limit_without_a_length_limit():
+    """Plain values and no length limit: kept as they are until the count limit bites."""
+    from opentelemetry.sdk.trace import SpanLimits
+
+    written, started = written_and_started(SpanLimits(max_span_attributes=1))
+    assert fields(written) == fields(started)
+    assert written.dropped_attributes == started.dropped_attributes > 0
 
 
 def test_with_dask_otels_processor_alone_the_tuple_is_queued_directly():

@@ -31,6 +31,9 @@ from dask_otel.distro.compact_spans import (
 from dask_otel.distro.processors import CompactSpanProcessor
 from dask_otel.spans import errors
 
+#: Attribute values the SDK's cleaning keeps as they are (no length limit set).
+_SCALARS = frozenset((str, bool, int, float))
+
 
 class WrittenSpan(trace.Span):
     """A span that is over by the time it is made: what is done to it goes into plain
@@ -54,11 +57,11 @@ class WrittenSpan(trace.Span):
         self._parent = parent
         self._kind = kind
         self._start = start
-        self._attributes = BoundedAttributes(
-            limits.max_span_attributes,
-            attributes,
-            immutable=False,
-            max_value_len=limits.max_attribute_length,
+        #: As the SDK bounds them; a plain dict while its bounds would change nothing.
+        self._attributes: dict[str, Any] | BoundedAttributes = (
+            dict(attributes)
+            if self._kept_as_they_are(attributes, len(attributes))
+            else self._bounded_attributes(attributes)
         )
         self._events: list[tuple[str, int, dict | None]] = []
         self._dropped_events = 0
@@ -76,12 +79,50 @@ class WrittenSpan(trace.Span):
     def is_recording(self) -> bool:
         return not self._ended
 
+    def _kept_as_they_are(self, attributes: Any, count: int) -> bool:
+        """Whether the SDK's bounds keep ``attributes`` as they are, ``count`` in all: valid
+        keys, scalar values, no length limit, no more than the limit (most spans': cleaning
+        each value was a third of the cost of writing a span)."""
+        limits = self._writer.limits
+        limit = limits.max_span_attributes
+        return (
+            limits.max_attribute_length is None
+            and (limit is None or count <= limit)
+            and all(k.__class__ is str and k for k in attributes)
+            and all(v.__class__ in _SCALARS for v in attributes.values())
+        )
+
+    def _bounded_attributes(self, attributes: Any) -> BoundedAttributes:
+        limits = self._writer.limits
+        return BoundedAttributes(
+            limits.max_span_attributes,
+            attributes,
+            immutable=False,
+            max_value_len=limits.max_attribute_length,
+        )
+
     def set_attribute(self, key: str, value: Any) -> None:
-        self._attributes[key] = value
+        attributes = self._attributes
+        if attributes.__class__ is dict:
+            count = len(attributes) + (key not in attributes)
+            if self._kept_as_they_are({key: value}, count):
+                attributes.pop(key, None)  # as the SDK's: a key set again moves to the end
+                attributes[key] = value
+                return
+            attributes = self._attributes = self._bounded_attributes(attributes)
+        attributes[key] = value
 
     def set_attributes(self, attributes: Any) -> None:
+        current = self._attributes
+        if current.__class__ is dict and self._kept_as_they_are(
+            attributes, len(current.keys() | attributes.keys())
+        ):
+            for key, value in attributes.items():
+                current.pop(key, None)  # as the SDK's: a key set again moves to the end
+                current[key] = value
+            return
         for key, value in attributes.items():
-            self._attributes[key] = value
+            self.set_attribute(key, value)
 
     def _bounded(self, limit: int | None, attributes: Any) -> dict | None:
         length = self._writer.limits.max_attribute_length
@@ -154,7 +195,7 @@ class WrittenSpan(trace.Span):
             tuple(self._links),
             self._status,
             (self._start, end),
-            (self._attributes.dropped, self._dropped_events, self._dropped_links),
+            (getattr(self._attributes, "dropped", 0), self._dropped_events, self._dropped_links),
         )
 
 
