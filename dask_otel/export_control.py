@@ -10,7 +10,9 @@ import contextlib
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
+from typing import Any
 
 #: A flush stops waiting once no export of dask-otel's has succeeded for this many
 #: seconds (a collector that is down or hung: its exporter retries for up to 10 s a batch);
@@ -209,27 +211,50 @@ class MetricDemand:
 
     The metric readers dask-otel configures (:mod:`dask_otel.distro.readers`) run their
     thread only then, so that a process that never uses Dask runs no thread of
-    dask-otel's, and a closed cluster leaves none behind (distributed's tests check both).
+    dask-otel's, and a closed cluster leaves none behind (distributed's tests check both,
+    waiting at most 5 s for a thread started during a test to end). The export queues ask
+    :meth:`all_closed_since`: what is queued after the last server closed is the last of
+    it, and no thread waits seconds for the schedule to send it.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        #: ``id()`` of each server holding the demand (the server itself is not kept).
-        self._held: set[int] = set()
+        #: Each server holding the demand, by ``id()``: a weak reference (the server is not
+        #: kept alive) and what tells whether it still runs.
+        self._held: dict[int, tuple[weakref.ref, Callable[[Any], bool]]] = {}
+        #: Servers released so far (closed, gone or stopped).
+        self.released = 0
         #: Something other than dask-otel made a meter: its instruments may record any time.
         self._always = False
         #: Called with :meth:`wanted` whenever it changes (under the lock: never call back).
         self._listeners: list[Callable[[bool], None]] = []
 
-    def hold(self, server: object) -> None:
+    def hold(self, server: Any, running: Callable[[Any], bool]) -> None:
+        """Hold it for ``server`` until :meth:`release`, or until ``running(server)`` says
+        it stopped without closing (distributed's own tests stop servers so)."""
         with self._lock:
-            self._held.add(id(server))
+            self._held[id(server)] = (weakref.ref(server), running)
             self._tell()
 
-    def release(self, server: object) -> None:
+    def release(self, server: Any) -> None:
         with self._lock:
-            self._held.discard(id(server))
+            if self._held.pop(id(server), None) is not None:
+                self.released += 1
             self._tell()
+
+    def forget_stopped(self) -> None:
+        """Release the servers that are gone or stopped without closing."""
+        with self._lock:
+            stopped = [
+                key
+                for key, (ref, running) in self._held.items()
+                if (server := ref()) is None or not running(server)
+            ]
+            for key in stopped:
+                del self._held[key]
+            self.released += len(stopped)
+            if stopped:
+                self._tell()
 
     def always(self) -> None:
         with self._lock:
@@ -239,6 +264,11 @@ class MetricDemand:
 
     def wanted(self) -> bool:
         return self._always or bool(self._held)
+
+    def all_closed_since(self, released: int) -> bool:
+        """Whether no server runs now, and one was released since :attr:`released` was
+        ``released``."""
+        return self.released > released and not self._held
 
     def listen(self, listener: Callable[[bool], None]) -> None:
         with self._lock:
@@ -253,4 +283,4 @@ class MetricDemand:
         """In a forked child: the parent's servers do not run here (a meter made stays).
         The listeners are not told: they are reset after this, and ask."""
         self._lock = threading.Lock()
-        self._held = set()
+        self._held = {}

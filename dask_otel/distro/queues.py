@@ -192,6 +192,8 @@ class ExportQueue:
         #: When the export schedule last began (monotonic): at the queue's creation, and
         #: as each batch's export ends (see :meth:`next_export_due`).
         self.schedule_began = time.monotonic()
+        #: Dask servers released before the queue began (see :meth:`_last_of_it`).
+        self._released_at_start = runtime.metric_demand.released
         #: The exporting thread while items wait (see :meth:`_next_batch`).
         self._thread: threading.Thread | None = None
         runtime.health.watched = True
@@ -220,7 +222,7 @@ class ExportQueue:
                 self._sizes.append(size)
                 self.bytes += size
                 self._accepted += 1
-                if len(self._items) >= self.limits.batch:
+                if len(self._items) >= self.limits.batch or self._last_of_it():
                     self._changed.notify()
                 if self._thread is None:
                     self._start()
@@ -308,13 +310,15 @@ class ExportQueue:
                 self._export(batch)
 
     def _next_batch(self) -> list[Any] | None:
-        """Wait until a batch is due (full, flushed, scheduled or closing) and take it;
-        None once the queue is empty (the thread ends; the next item starts another), or
-        stopped."""
+        """Wait until a batch is due (full, flushed, scheduled, closing, or the last of it)
+        and take it; None once the queue is empty (the thread ends; the next item starts
+        another), or stopped."""
         limits = self.limits
         with self._lock:
             due = self.next_export_due()
             while not self._stopped and self._items:
+                if self._last_of_it():  # at once
+                    due = min(due, time.monotonic())
                 items = len(self._items)
                 if items >= limits.batch or (
                     self._closed or self._wanted > self._done or time.monotonic() >= due
@@ -327,6 +331,12 @@ class ExportQueue:
                 self._changed.wait(max(0.0, due - time.monotonic()))
             self._thread = None
             return None
+
+    def _last_of_it(self) -> bool:
+        """Whether the Dask servers that ran in this process since the queue began have
+        all closed: what comes now goes out at once, and the thread ends (a closed
+        cluster leaves no thread waiting for the schedule)."""
+        return runtime.metric_demand.all_closed_since(self._released_at_start)
 
     def next_export_due(self, now: float | None = None) -> float:
         """When the next scheduled batch is due (monotonic) as of ``now`` (default: now):
@@ -378,6 +388,7 @@ class ExportQueue:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._thread = None  # the next item starts one
+        self._released_at_start = runtime.metric_demand.released
 
 
 #: Every export queue of this process: forgotten after fork, counted at exit.
@@ -394,6 +405,17 @@ def unexported() -> tuple[Counter[str], dict[tuple[str, str], int]]:
             locks.enter_context(queue._lock)
             held[queue.signal] += len(queue._items) + queue._in_flight
         return held, dropped()
+
+
+def _wake_queues(_: bool) -> None:
+    """A server started or closed: the exporting threads look again when a batch is due
+    (see :meth:`ExportQueue._next_batch`)."""
+    for queue in list(export_queues):
+        with queue._changed:
+            queue._changed.notify_all()
+
+
+runtime.metric_demand.listen(_wake_queues)
 
 
 def _forget_parent_queues() -> None:

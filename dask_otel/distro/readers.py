@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -29,6 +30,10 @@ from dask_otel import runtime
 from dask_otel.runtime import report_once, start_daemon
 
 logger = logging.getLogger(__name__)
+
+
+#: Seconds between two looks for servers that stopped without closing.
+WATCH = 1.0
 
 
 class OnDemandReader(PeriodicExportingMetricReader):
@@ -73,7 +78,14 @@ class OnDemandReader(PeriodicExportingMetricReader):
             return super().force_flush(timeout_millis=timeout_millis)
 
     def _tick(self, stop: threading.Event) -> None:
-        while not stop.wait(self.interval):
+        """Collect every ``interval``; in between, look every :data:`WATCH` seconds for
+        servers that stopped without closing (the last one's going stops this thread)."""
+        due = time.monotonic() + self.interval
+        while not stop.wait(min(WATCH, max(0.0, due - time.monotonic()))):
+            runtime.metric_demand.forget_stopped()
+            if stop.is_set() or time.monotonic() < due:
+                continue
+            due = time.monotonic() + self.interval
             try:
                 self._gated_collect(self._export_timeout_millis)
             except Exception:

@@ -180,7 +180,8 @@ class WorkerWatch:
         identity.add_nanny(nanny.address, None)
         self._note_worker()
         self._callback.start()
-        runtime.metric_demand.hold(nanny)  # its worker's memory, for the metric thread to send
+        # Its worker's memory, for the metric thread to send.
+        runtime.metric_demand.hold(nanny, metrics.server_running)
         self._identity = asyncio.ensure_future(self._fetch_cluster_id())
 
     async def close(self) -> None:

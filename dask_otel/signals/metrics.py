@@ -268,7 +268,7 @@ class Sources:
         with self._lock:
             self._servers[id(server)] = (weakref.proxy(server), observe, attributes)
             self._generation = -1
-        metric_demand.hold(server)  # the metric thread reads it from now on
+        metric_demand.hold(server, server_running)  # the metric thread reads it from now on
 
     def remove(self, server: Any) -> None:
         with self._lock:
@@ -352,6 +352,13 @@ def observe_worker(
 ) -> None:
     """Report ``worker``'s metrics with ``attributes`` (a dict the caller may fill later)."""
     sources(meter_provider).add(worker, _observe_worker, attributes)
+
+
+def server_running(server: Any) -> bool:
+    """Whether a Dask server may still run: not once its event loop is closed (a server
+    stopped without closing, then left by the program that ran it: a test, say)."""
+    loop = getattr(getattr(server, "loop", None), "asyncio_loop", None)
+    return loop is None or not loop.is_closed()
 
 
 def forget(meter_provider: metrics.MeterProvider, server: Any) -> None:
