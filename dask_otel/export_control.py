@@ -207,14 +207,15 @@ class ForkGate:
 class MetricDemand:
     """Whether this process has metrics to report on a schedule: while a scheduler, worker
     or Nanny of dask-otel's runs in it (each holds the demand from its start to its
-    close), and for good once anything but dask-otel asked for a meter.
+    close), or a client it traces is open (from its first submission), and for good once
+    anything but dask-otel asked for a meter.
 
     The metric readers dask-otel configures (:mod:`dask_otel.distro.readers`) run their
     thread only then, so that a process that never uses Dask runs no thread of
     dask-otel's, and a closed cluster leaves none behind (distributed's tests check both,
     waiting at most 5 s for a thread started during a test to end). The export queues ask
-    :meth:`all_closed_since`: what is queued after the last server closed is the last of
-    it, and no thread waits seconds for the schedule to send it.
+    :meth:`all_closed_since`: what is queued after the last server or client closed is
+    the last of it, and no thread waits seconds for the schedule to send it.
     """
 
     def __init__(self) -> None:
@@ -222,8 +223,8 @@ class MetricDemand:
         #: Each server holding the demand, by ``id()``: a weak reference (the server is not
         #: kept alive) and what tells whether it still runs.
         self._held: dict[int, tuple[weakref.ref, Callable[[Any], bool]]] = {}
-        #: Servers released so far (closed, gone or stopped).
-        self.released = 0
+        #: Holds taken so far (a server or client holding it again counts again).
+        self.holds = 0
         #: Something other than dask-otel made a meter: its instruments may record any time.
         self._always = False
         #: Called with :meth:`wanted` whenever it changes (under the lock: never call back).
@@ -234,12 +235,12 @@ class MetricDemand:
         it stopped without closing (distributed's own tests stop servers so)."""
         with self._lock:
             self._held[id(server)] = (weakref.ref(server), running)
+            self.holds += 1
             self._tell()
 
     def release(self, server: Any) -> None:
         with self._lock:
-            if self._held.pop(id(server), None) is not None:
-                self.released += 1
+            self._held.pop(id(server), None)
             self._tell()
 
     def forget_stopped(self) -> None:
@@ -252,7 +253,6 @@ class MetricDemand:
             ]
             for key in stopped:
                 del self._held[key]
-            self.released += len(stopped)
             if stopped:
                 self._tell()
 
@@ -265,10 +265,12 @@ class MetricDemand:
     def wanted(self) -> bool:
         return self._always or bool(self._held)
 
-    def all_closed_since(self, released: int) -> bool:
-        """Whether no server runs now, and one was released since :attr:`released` was
-        ``released``."""
-        return self.released > released and not self._held
+    def holding(self, server: Any) -> bool:
+        return id(server) in self._held
+
+    def all_closed_since(self, holds: int) -> bool:
+        """Whether servers held it since :attr:`holds` was ``holds``, and none does now."""
+        return self.holds > holds and not self._held
 
     def listen(self, listener: Callable[[bool], None]) -> None:
         with self._lock:

@@ -5,9 +5,10 @@ that leaves a thread it started running for 5 s, and waits until then for it to 
 dask-otel starts its threads with the first work and ends them when idle, so that a
 process that never uses Dask runs none (tests/test_process_startup.py). What they must
 not do is wait on: for the export schedule (``OTEL_BLRP_SCHEDULE_DELAY``: every test that
-closes a cluster took 1 s longer, Dask's closing log lines waiting for their batch), or
-for a server that was stopped without closing (distributed's test_nanny.py
-test_scheduler_file failed: the metric thread ticked on).
+closes a cluster took 1 s longer, Dask's closing log lines waiting for their batch; a
+client's spans waited up to the 5 s of ``OTEL_BSP_SCHEDULE_DELAY``), or for a server that
+was stopped without closing (distributed's test_nanny.py test_scheduler_file failed: the
+metric thread ticked on).
 """
 
 from __future__ import annotations
@@ -65,7 +66,20 @@ asyncio.run(main())
 """
 
 
-@pytest.mark.parametrize("program", [CLOSED, STOPPED], ids=["closed", "stopped"])
+#: A client of a cluster in other processes (distributed's ``c`` fixture): its ``compute``
+#: spans waited for the traces' schedule (5 s), as long as the leak check waits.
+CLIENT_ONLY = """
+from distributed.utils_test import cluster
+
+with cluster(nworkers=1) as (scheduler, _):
+    with Client(scheduler["address"]) as c:
+        assert c.submit(sum, [1, 2]).result() == 3
+"""
+
+
+@pytest.mark.parametrize(
+    "program", [CLOSED, STOPPED, CLIENT_ONLY], ids=["closed", "stopped", "client-only"]
+)
 def test_no_thread_of_dask_otels_waits_on_after_the_servers(
     receiver: OTLPReceiver, program: str
 ) -> None:

@@ -192,8 +192,8 @@ class ExportQueue:
         #: When the export schedule last began (monotonic): at the queue's creation, and
         #: as each batch's export ends (see :meth:`next_export_due`).
         self.schedule_began = time.monotonic()
-        #: Dask servers released before the queue began (see :meth:`_last_of_it`).
-        self._released_at_start = runtime.metric_demand.released
+        #: Holds of Dask servers taken before the queue began (see :meth:`_last_of_it`).
+        self._holds_at_start = runtime.metric_demand.holds
         #: The exporting thread while items wait (see :meth:`_next_batch`).
         self._thread: threading.Thread | None = None
         runtime.health.watched = True
@@ -336,7 +336,7 @@ class ExportQueue:
         """Whether the Dask servers that ran in this process since the queue began have
         all closed: what comes now goes out at once, and the thread ends (a closed
         cluster leaves no thread waiting for the schedule)."""
-        return runtime.metric_demand.all_closed_since(self._released_at_start)
+        return runtime.metric_demand.all_closed_since(self._holds_at_start)
 
     def next_export_due(self, now: float | None = None) -> float:
         """When the next scheduled batch is due (monotonic) as of ``now`` (default: now):
@@ -388,7 +388,7 @@ class ExportQueue:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._thread = None  # the next item starts one
-        self._released_at_start = runtime.metric_demand.released
+        self._holds_at_start = runtime.metric_demand.holds
 
 
 #: Every export queue of this process: forgotten after fork, counted at exit.

@@ -141,6 +141,8 @@ def _start_span(client: Any, args: Any, kwargs: Any) -> tuple[trace.Span, Settin
     settings = activate("client")
     if settings is None:
         return None
+    if not runtime.metric_demand.holding(client):  # until it closes (see MetricDemand)
+        runtime.metric_demand.hold(client, _open)
     _warn_about_annotation()
     expr = kwargs["expr"] if "expr" in kwargs else args[0] if args else None
     keys = kwargs["keys"] if "keys" in kwargs else args[1] if len(args) > 1 else ()
@@ -155,6 +157,11 @@ def _start_span(client: Any, args: Any, kwargs: Any) -> tuple[trace.Span, Settin
         .start_span(f"compute {name or 'graph'}", kind=SpanKind.PRODUCER, attributes=attributes)
     )
     return (span, settings) if span.get_span_context().is_valid else None
+
+
+def _open(client: Any) -> bool:
+    """Whether a client is still open."""
+    return client.status not in ("closing", "closed")
 
 
 def _inputs_in(expr: Any) -> Callable[[Hashable], list[Hashable]]:
