@@ -27,7 +27,8 @@ from dask_otel.distro import otlp, sanitize
 from dask_otel.distro.compact_spans import CompactSpan, SharedObjects, compact, rebuild
 from dask_otel.distro.drops import NOUNS
 from dask_otel.distro.mirror import Mirror, compact_log, configured_processors
-from dask_otel.distro.queues import ExportQueue, QueueLimits, log_size, queue_limits, span_size
+from dask_otel.distro.queues import ExportQueue, QueueLimits, queue_limits
+from dask_otel.distro.sizes import log_size, span_size
 from dask_otel.runtime import report_once
 
 logger = logging.getLogger(__name__)
