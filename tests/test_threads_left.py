@@ -103,5 +103,5 @@ def test_no_thread_of_dask_otels_waits_on_after_the_servers(
     )
     left, waited = done.stdout.rsplit(" ", 1)
     assert left == "[]", done.stdout
-    # Within the look for stopped servers (1 s), well inside distributed's 5 s.
+    # Within the look for stopped servers (every 0.2 s), well inside distributed's 5 s.
     assert float(waited) < 4, done.stdout

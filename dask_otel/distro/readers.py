@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 
 #: Seconds between two looks for servers that stopped without closing.
-WATCH = 1.0
+WATCH = 0.2
 
 
 class OnDemandReader(PeriodicExportingMetricReader):
