@@ -5,9 +5,9 @@ span emitter works beside it on the same GIL. Here an event loop makes round tri
 echo server in another process that answers after ``--server-us`` of work (the rest of
 the cluster), and does ``--loop-us`` of work on each answer (Dask's handlers), while
 dask-otel's real :class:`~dask_otel.spans.emitter.SpanEmitter` gets ``--emit-us`` of
-span-like work per round trip, paced (:mod:`dask_otel.pacing`) with each ``--slices``
-value in turn. Modes interleave, rotating which goes first; reported: time per round trip
-and its ratio to the rounds without an emitter, median (min-max).
+span-like work per round trip, pausing after each ``--slices`` value of work in turn (its
+``SLICE``; 1 ms in the package). Modes interleave, rotating which goes first; reported:
+time per round trip and its ratio to the rounds without an emitter, median (min-max).
 
     python benchmarks/pacing.py --rounds 11
 """
@@ -24,7 +24,7 @@ from typing import Any
 
 import overhead
 
-from dask_otel import pacing
+from dask_otel.spans import emitter as emitter_module
 from dask_otel.spans.emitter import SpanEmitter
 
 ECHO_SERVER = """
@@ -90,7 +90,7 @@ def main() -> None:
         def run(mode: str) -> float:
             emitter = None
             if mode != "none":
-                pacing.SLICE = float(mode)
+                emitter_module.SLICE = float(mode)
                 emitter = SpanEmitter("benchmark-pacing")
             elapsed = asyncio.run(
                 round_trips(port, args.trips, args.loop_us * 1e-6, args.emit_us * 1e-6, emitter)

@@ -7,6 +7,7 @@ holds the one instance of each for the process, and forgets them in a forked chi
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 import time
@@ -214,47 +215,56 @@ class MetricDemand:
     thread only then, so that a process that never uses Dask runs no thread of
     dask-otel's, and a closed cluster leaves none behind (distributed's tests check both,
     waiting at most 5 s for a thread started during a test to end). The export queues ask
-    :meth:`all_closed_since`: what is queued after the last server or client closed is
-    the last of it, and no thread waits seconds for the schedule to send it.
+    :meth:`all_closed_since`: what is queued within :data:`LINGER` seconds after the last
+    holder closed is the last of it, and no thread waits seconds for the schedule to send
+    it (later, batches go on schedule again: a notebook that closed its client keeps them).
     """
+
+    #: Seconds after the last holder closed during which queued items leave at once.
+    LINGER = 2.0
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        #: Each server holding the demand, by ``id()``: a weak reference (the server is not
-        #: kept alive) and what tells whether it still runs.
+        #: Each holder (a server or client), by ``id()``: a weak reference (it is not kept
+        #: alive) and what tells whether it still runs.
         self._held: dict[int, tuple[weakref.ref, Callable[[Any], bool]]] = {}
-        #: Holds taken so far (a server or client holding it again counts again).
+        #: Holds taken so far (a holder holding it again counts again).
         self.holds = 0
+        #: When the last holder let go (monotonic).
+        self._closed_at = -math.inf
         #: Something other than dask-otel made a meter: its instruments may record any time.
         self._always = False
         #: Called with :meth:`wanted` whenever it changes (under the lock: never call back).
         self._listeners: list[Callable[[bool], None]] = []
 
-    def hold(self, server: Any, running: Callable[[Any], bool]) -> None:
-        """Hold it for ``server`` until :meth:`release`, or until ``running(server)`` says
+    def hold(self, holder: Any, running: Callable[[Any], bool]) -> None:
+        """Hold it for ``holder`` until :meth:`release`, or until ``running(holder)`` says
         it stopped without closing (distributed's own tests stop servers so)."""
         with self._lock:
-            self._held[id(server)] = (weakref.ref(server), running)
+            self._held[id(holder)] = (weakref.ref(holder), running)
             self.holds += 1
             self._tell()
 
-    def release(self, server: Any) -> None:
+    def release(self, holder: Any) -> None:
         with self._lock:
-            self._held.pop(id(server), None)
-            self._tell()
+            self._drop([id(holder)])
 
     def forget_stopped(self) -> None:
-        """Release the servers that are gone or stopped without closing."""
+        """Release the holders that are gone or stopped without closing. Their checks run
+        outside the lock: one may drop the last reference to a client, whose closing
+        (``Client.__del__``) releases servers of its own."""
         with self._lock:
-            stopped = [
-                key
-                for key, (ref, running) in self._held.items()
-                if (server := ref()) is None or not running(server)
-            ]
-            for key in stopped:
-                del self._held[key]
-            if stopped:
-                self._tell()
+            held = list(self._held.items())
+        stopped = [key for key, (ref, running) in held if not _runs(ref, running)]
+        if stopped:
+            with self._lock:
+                self._drop(stopped)
+
+    def _drop(self, keys: list[int]) -> None:
+        dropped = [key for key in keys if self._held.pop(key, None) is not None]
+        if dropped and not self._held:
+            self._closed_at = time.monotonic()
+        self._tell()
 
     def always(self) -> None:
         with self._lock:
@@ -265,12 +275,18 @@ class MetricDemand:
     def wanted(self) -> bool:
         return self._always or bool(self._held)
 
-    def holding(self, server: Any) -> bool:
-        return id(server) in self._held
+    def holding(self, holder: Any) -> bool:
+        entry = self._held.get(id(holder))
+        return entry is not None and entry[0]() is holder
 
     def all_closed_since(self, holds: int) -> bool:
-        """Whether servers held it since :attr:`holds` was ``holds``, and none does now."""
-        return self.holds > holds and not self._held
+        """Whether holders held it since :attr:`holds` was ``holds``, none does now, and the
+        last one let go less than :data:`LINGER` seconds ago."""
+        return (
+            self.holds > holds
+            and not self._held
+            and time.monotonic() - self._closed_at < self.LINGER
+        )
 
     def listen(self, listener: Callable[[bool], None]) -> None:
         with self._lock:
@@ -286,3 +302,14 @@ class MetricDemand:
         The listeners are not told: they are reset after this, and ask."""
         self._lock = threading.Lock()
         self._held = {}
+        self._closed_at = -math.inf
+
+
+def _runs(ref: weakref.ref, running: Callable[[Any], bool]) -> bool:
+    """Whether a holder is alive and, by its own check, still running; a check that fails
+    counts as stopped."""
+    holder = ref()
+    try:
+        return holder is not None and running(holder)
+    except Exception:
+        return False

@@ -9,7 +9,6 @@ import sys
 import threading
 import time
 
-from dask_otel import pacing
 from dask_otel.spans import emitter as emitter_module
 from dask_otel.spans.emitter import SpanEmitter
 
@@ -89,12 +88,12 @@ def test_no_thread_to_start_fails_no_caller_and_the_next_submit_tries_again(monk
 
 
 def test_the_thread_pauses_between_slices_of_work_unless_far_behind(monkeypatch):
-    """Working through a backlog, the thread sleeps ``pacing.PAUSE`` after every
-    ``pacing.SLICE`` seconds of work (the event loop's chance to take the GIL), but not
-    while more than ``PAUSE_BELOW`` records wait (a busy loop would leave it one slice
-    per switch interval). A pause made long here (30 ms) cannot be mistaken for a preemption."""
-    monkeypatch.setattr(pacing, "SLICE", 0.0002)
-    monkeypatch.setattr(pacing, "PAUSE", 0.03)
+    """Working through a backlog, the thread sleeps ``PAUSE`` after every ``SLICE``
+    seconds of work (the event loop's chance to take the GIL), but not while more than
+    ``PAUSE_BELOW`` records wait (a busy loop would leave it one slice per switch
+    interval). A pause made long here (30 ms) cannot be mistaken for a preemption."""
+    monkeypatch.setattr(emitter_module, "SLICE", 0.0002)
+    monkeypatch.setattr(emitter_module, "PAUSE", 0.03)
     monkeypatch.setattr(emitter_module, "PAUSE_BELOW", 200)
     emitter = SpanEmitter("test-slices")
     times: list[tuple[float, float]] = []

@@ -13,7 +13,6 @@ from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.span import TraceState
 
-from dask_otel import pacing
 from dask_otel.distro import compact_spans, otlp
 
 
@@ -75,20 +74,6 @@ def test_the_request_is_the_sdk_encoders():
         assert mine == encode_spans([compact_spans.rebuild(values, shared) for values in batch])
     assert len(mine.resource_spans) == 2
     assert [len(r.scope_spans) for r in mine.resource_spans] == [2, 2]
-
-
-def test_encoding_pauses_between_slices_of_a_batch(monkeypatch):
-    """A batch takes milliseconds of the GIL: the encoder pauses after every slice of
-    work (here after every span) so that the event loop waits for a slice at most."""
-    pauses: list[float] = []
-    monkeypatch.setattr(pacing, "SLICE", 0.0)
-    monkeypatch.setattr(pacing, "sleep", pauses.append)
-    shared = compact_spans.SharedObjects()
-    spans = spans_of_every_shape()
-    batch = [compact_spans.compact(span, shared) for span in spans]
-    request = otlp.Encoder(shared.__getitem__, shared.__getitem__).encode(batch)
-    assert pauses == [pacing.PAUSE] * len(batch)
-    assert ExportTraceServiceRequest.FromString(request) == encode_spans(spans)
 
 
 def test_a_lone_surrogate_costs_no_other_span():

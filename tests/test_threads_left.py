@@ -78,10 +78,16 @@ with cluster(nworkers=1) as (scheduler, _):
 
 
 @pytest.mark.parametrize(
-    "program", [CLOSED, STOPPED, CLIENT_ONLY], ids=["closed", "stopped", "client-only"]
+    ("program", "sent"),
+    [
+        (CLOSED, "Scheduler closing all comms"),  # a log line after the servers' last flush
+        (STOPPED, None),
+        (CLIENT_ONLY, "compute sum"),
+    ],
+    ids=["closed", "stopped", "client-only"],
 )
 def test_no_thread_of_dask_otels_waits_on_after_the_servers(
-    receiver: OTLPReceiver, program: str
+    receiver: OTLPReceiver, program: str, sent: str | None
 ) -> None:
     env = otel_env(
         receiver,
@@ -105,3 +111,7 @@ def test_no_thread_of_dask_otels_waits_on_after_the_servers(
     assert left == "[]", done.stdout
     # Within the look for stopped servers (every 0.2 s), well inside distributed's 5 s.
     assert float(waited) < 4, done.stdout
+    if sent is not None:  # sent, not dropped
+        received = [s["name"] for s in receiver.spans()]
+        received += [str(r["body"]) for r in receiver.log_records()]
+        assert any(sent in item for item in received), received

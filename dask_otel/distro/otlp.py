@@ -17,8 +17,6 @@ import struct
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from dask_otel.pacing import Pacer
-
 #: A queued span (see :func:`dask_otel.distro.compact_spans.compact`).
 CompactSpan = tuple
 
@@ -99,12 +97,9 @@ class Encoder:
         self._headers: dict[int, bytes] = {}
 
     def encode(self, batch: Sequence[CompactSpan]) -> bytes:
-        """The request's bytes: spans grouped by resource, then by scope. Paced: a batch
-        takes milliseconds, which the event loop would otherwise wait out."""
+        """The request's bytes: spans grouped by resource, then by scope."""
         groups: dict[int, dict[int, list[bytes]]] = {}
-        pacer = Pacer()
         for values in batch:
-            pacer.tick()
             groups.setdefault(values[7], {}).setdefault(values[8], []).append(
                 _field(b"\x12", self._span(values))
             )

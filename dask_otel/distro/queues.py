@@ -154,7 +154,8 @@ class ExportQueue:
         #: When the export schedule last began (monotonic): at the queue's creation, and
         #: as each batch's export ends (see :meth:`next_export_due`).
         self.schedule_began = time.monotonic()
-        #: Holds of Dask servers taken before the queue began (see :meth:`_last_of_it`).
+        #: Holds by Dask servers and clients taken before the queue began (see
+        #: :meth:`_last_of_it`).
         self._holds_at_start = runtime.metric_demand.holds
         #: The exporting thread while items wait (see :meth:`_next_batch`).
         self._thread: threading.Thread | None = None
@@ -295,9 +296,9 @@ class ExportQueue:
             return None
 
     def _last_of_it(self) -> bool:
-        """Whether the Dask servers that ran in this process since the queue began have
-        all closed: what comes now goes out at once, and the thread ends (a closed
-        cluster leaves no thread waiting for the schedule)."""
+        """Whether the Dask servers and traced clients open in this process since the queue
+        began have all closed, moments ago: what comes now goes out at once, and the thread
+        ends (a closed cluster leaves no thread waiting for the schedule)."""
         return runtime.metric_demand.all_closed_since(self._holds_at_start)
 
     def next_export_due(self, now: float | None = None) -> float:
@@ -370,8 +371,8 @@ def unexported() -> tuple[Counter[str], dict[tuple[str, str], int]]:
 
 
 def _wake_queues(_: bool) -> None:
-    """A server started or closed: the exporting threads look again when a batch is due
-    (see :meth:`ExportQueue._next_batch`)."""
+    """A server or client began or stopped holding the metric demand: the exporting threads
+    look again when a batch is due (see :meth:`ExportQueue._next_batch`)."""
     for queue in list(export_queues):
         with queue._changed:
             queue._changed.notify_all()

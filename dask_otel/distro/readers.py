@@ -5,10 +5,11 @@ The SDK's periodic metric reader starts its thread when it is made, at startup: 
 that never uses Dask (a multiprocessing child, a script, any tool a traced program runs)
 would run it for nothing, and distributed's tests count threads. The readers dask-otel
 configures tick only while ``runtime.metric_demand`` wants them: while a scheduler, worker
-or Nanny of dask-otel's runs in the process, and for good once anyone else asked for a
-meter (whose instruments may record any time). Making the reader only when a Dask role
-appears would not do: the provider and its readers must exist from the start for a user's
-own instruments, and the thread must also stop when the last server closes.
+or Nanny of dask-otel's runs in the process or a client it traces is open, and for good
+once anyone else asked for a meter (whose instruments may record any time). Making the
+reader only when a Dask role appears would not do: the provider and its readers must exist
+from the start for a user's own instruments, and the thread must also stop when the last
+server closes.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from dask_otel.runtime import report_once, start_daemon
 logger = logging.getLogger(__name__)
 
 
-#: Seconds between two looks for servers that stopped without closing.
+#: Seconds between two looks for servers that stopped without closing and clients closed.
 WATCH = 0.2
 
 
@@ -82,11 +83,11 @@ class OnDemandReader(PeriodicExportingMetricReader):
         servers that stopped without closing (the last one's going stops this thread)."""
         due = time.monotonic() + self.interval
         while not stop.wait(min(WATCH, max(0.0, due - time.monotonic()))):
-            runtime.metric_demand.forget_stopped()
-            if stop.is_set() or time.monotonic() < due:
-                continue
-            due = time.monotonic() + self.interval
             try:
+                runtime.metric_demand.forget_stopped()
+                if stop.is_set() or time.monotonic() < due:
+                    continue
+                due = time.monotonic() + self.interval
                 self._gated_collect(self._export_timeout_millis)
             except Exception:
                 report_once(logger, "metric collection", "dask-otel: collecting metrics failed")

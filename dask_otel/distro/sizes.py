@@ -10,7 +10,8 @@ from dask_otel.distro.compact_spans import CompactSpan
 
 #: Estimated bytes of one queued span or log record: a fixed part, a part per attribute,
 #: event and link, plus the characters of its strings (measured with tracemalloc on the
-#: spans and records of a Dask run; see ``tests/test_span_queue.py``).
+#: spans and records of a Dask run; see
+#: ``tests/test_outage.py::test_queued_size_estimate_is_close_to_the_memory_held``).
 _SPAN_BYTES, _LOG_BYTES, _ATTRIBUTE_BYTES, _EVENT_BYTES, _LINK_BYTES = 450, 900, 60, 250, 350
 
 

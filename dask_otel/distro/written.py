@@ -104,8 +104,10 @@ class WrittenSpan(trace.Span):
     def set_attribute(self, key: str, value: Any) -> None:
         attributes = self._attributes
         if attributes.__class__ is dict:
-            count = len(attributes) + (key not in attributes)
-            if self._kept_as_they_are({key: value}, count):
+            kept = key.__class__ is str and key and value.__class__ in _SCALARS
+            if kept and self._kept_as_they_are(
+                {key: value}, len(attributes) + (key not in attributes)
+            ):
                 attributes.pop(key, None)  # as the SDK's: a key set again moves to the end
                 attributes[key] = value
                 return

@@ -161,7 +161,7 @@ def _start_span(client: Any, args: Any, kwargs: Any) -> tuple[trace.Span, Settin
 
 def _open(client: Any) -> bool:
     """Whether a client is still open."""
-    return client.status not in ("closing", "closed")
+    return getattr(client, "status", "closed") not in ("closing", "closed")
 
 
 def _inputs_in(expr: Any) -> Callable[[Hashable], list[Hashable]]:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 from time import time
 from typing import TYPE_CHECKING, Any, get_args
 
+from distributed.core import Status
 from distributed.scheduler import ALL_TASK_STATES
 from distributed.worker_state_machine import TaskStateState
 from opentelemetry import metrics
@@ -355,8 +356,11 @@ def observe_worker(
 
 
 def server_running(server: Any) -> bool:
-    """Whether a Dask server may still run: not once its event loop is closed (a server
-    stopped without closing, then left by the program that ran it: a test, say)."""
+    """Whether a Dask server may still run: not once closed or failed, nor once its event
+    loop is closed (a server stopped without closing, then left by the program that ran
+    it: a test, say)."""
+    if getattr(server, "status", None) in (Status.closed, Status.failed):
+        return False
     loop = getattr(getattr(server, "loop", None), "asyncio_loop", None)
     return loop is None or not loop.is_closed()
 

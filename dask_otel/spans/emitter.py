@@ -12,19 +12,24 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Callable
-from time import perf_counter
+from time import perf_counter, sleep
 from typing import Any
 
 from dask_otel import runtime
-from dask_otel.pacing import Pacer
 from dask_otel.runtime import report_once, start_daemon
 
 logger = logging.getLogger(__name__)
 
 
-#: Backlog (records) above which the thread works without pausing (see
-#: :mod:`dask_otel.pacing`): a loop that keeps the GIL busy would otherwise leave it one
-#: slice every switch interval, and the backlog would only grow.
+#: Seconds of work between two pauses, and the pause. CPython hands the GIL to a thread
+#: that asks for it when the holder blocks, or else only after the switch interval
+#: (5 ms): an emitter working through its backlog in one go keeps the event loop waiting
+#: up to 5 ms each time a message arrives, on the path from one task to the next. A real
+#: sleep (``sleep(0)`` hands nothing over) after each slice bounds that wait to about a
+#: slice. A loop that keeps the GIL busy would then leave the emitter one slice every
+#: switch interval: with a backlog of ``PAUSE_BELOW`` records it works without pausing.
+SLICE = 0.001
+PAUSE = 0.0001
 PAUSE_BELOW = 1000
 
 
@@ -34,7 +39,7 @@ class SpanEmitter:
     ``submit`` only appends to a deque: waking the thread for every record would hand it
     the GIL once per task and stall the event loop each time. The thread wakes every
     ``interval`` seconds (or when flushed), works through everything submitted (pausing
-    every slice of work, so that the event loop gets the GIL: :mod:`dask_otel.pacing`), and ends
+    every :data:`SLICE` seconds of work, so that the event loop gets the GIL), and ends
     after ``idle`` seconds without work (a server stopped without ``close`` leaves no
     thread behind); the next ``submit`` starts a new one.
     """
@@ -112,11 +117,12 @@ class SpanEmitter:
             self._wake.wait(self._interval)
             self._wake.clear()
             idle = 0 if pending else idle + 1
-            pacer = Pacer()
+            pause_at = perf_counter() + SLICE
             while pending:
                 self._emit(pending.popleft())
-                if len(pending) < PAUSE_BELOW:
-                    pacer.tick()
+                if perf_counter() > pause_at and len(pending) < PAUSE_BELOW:
+                    sleep(PAUSE)
+                    pause_at = perf_counter() + SLICE
             if (self._closing or idle >= self._idle_rounds) and self._retire():
                 return
 
