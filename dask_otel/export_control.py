@@ -282,9 +282,9 @@ class MetricDemand:
     def all_closed_since(self, holds: int) -> bool:
         """Whether holders held it since :attr:`holds` was ``holds``, none does now, and the
         last one let go less than :data:`LINGER` seconds ago."""
-        return (
-            self.holds > holds
-            and not self._held
+        return (  # held first: the common answer while a server runs, asked per span queued
+            not self._held
+            and self.holds > holds
             and time.monotonic() - self._closed_at < self.LINGER
         )
 

@@ -231,7 +231,7 @@ def written_and_started(limits=None, processor=None):
         current = DeferredSpan(PARENT)
         current.set_attribute("user.rows", 3)
         current.set_attribute("n", 2)  # set again: moves to the end, as in the SDK
-        current.set_attributes({"user.rows": 4, "user.x": 1})  # plain, one set again
+        current.set_attributes({"user.x": 1, "user.rows": 4})  # plain, one set again
         current.set_attribute(["not", "a", "key"], 1)  # dropped and counted, as in the SDK
         current.set_attributes({"user.list": [1, 2], "user.bad": object()})
         current.add_event("user.checkpoint", {"step": 1}, timestamp=150)

@@ -35,6 +35,11 @@ from dask_otel.spans import errors
 _SCALARS = frozenset((str, bool, int, float))
 
 
+def _plain(key: Any, value: Any) -> bool:
+    """Whether the SDK keeps this attribute as it is (a valid key, a scalar value)."""
+    return key.__class__ is str and bool(key) and value.__class__ in _SCALARS
+
+
 class WrittenSpan(trace.Span):
     """A span that is over by the time it is made: what is done to it goes into plain
     values, and :meth:`end` hands them to its writer."""
@@ -60,7 +65,7 @@ class WrittenSpan(trace.Span):
         #: As the SDK bounds them; a plain dict while its bounds would change nothing.
         self._attributes: dict[str, Any] | BoundedAttributes = (
             dict(attributes)
-            if self._kept_as_they_are(attributes, len(attributes))
+            if self._fits(len(attributes)) and all(_plain(*item) for item in attributes.items())
             else self._bounded_attributes(attributes)
         )
         self._events: list[tuple[str, int, dict | None]] = []
@@ -79,18 +84,13 @@ class WrittenSpan(trace.Span):
     def is_recording(self) -> bool:
         return not self._ended
 
-    def _kept_as_they_are(self, attributes: Any, count: int) -> bool:
-        """Whether the SDK's bounds keep ``attributes`` as they are, ``count`` in all: valid
-        keys, scalar values, no length limit, no more than the limit (most spans': cleaning
-        each value was a third of the cost of writing a span)."""
+    def _fits(self, count: int) -> bool:
+        """Whether the SDK's bounds keep ``count`` plain attributes (:func:`_plain`) as they
+        are: no length limit, no more than the limit. Most spans' do: cleaning each value
+        was a third of the cost of writing a span."""
         limits = self._writer.limits
         limit = limits.max_span_attributes
-        return (
-            limits.max_attribute_length is None
-            and (limit is None or count <= limit)
-            and all(k.__class__ is str and k for k in attributes)
-            and all(v.__class__ in _SCALARS for v in attributes.values())
-        )
+        return limits.max_attribute_length is None and (limit is None or count <= limit)
 
     def _bounded_attributes(self, attributes: Any) -> BoundedAttributes:
         limits = self._writer.limits
@@ -104,10 +104,7 @@ class WrittenSpan(trace.Span):
     def set_attribute(self, key: str, value: Any) -> None:
         attributes = self._attributes
         if attributes.__class__ is dict:
-            kept = key.__class__ is str and key and value.__class__ in _SCALARS
-            if kept and self._kept_as_they_are(
-                {key: value}, len(attributes) + (key not in attributes)
-            ):
+            if _plain(key, value) and self._fits(len(attributes) + (key not in attributes)):
                 attributes.pop(key, None)  # as the SDK's: a key set again moves to the end
                 attributes[key] = value
                 return
@@ -115,14 +112,6 @@ class WrittenSpan(trace.Span):
         attributes[key] = value
 
     def set_attributes(self, attributes: Any) -> None:
-        current = self._attributes
-        if current.__class__ is dict and self._kept_as_they_are(
-            attributes, len(current.keys() | attributes.keys())
-        ):
-            for key, value in attributes.items():
-                current.pop(key, None)  # as the SDK's: a key set again moves to the end
-                current[key] = value
-            return
         for key, value in attributes.items():
             self.set_attribute(key, value)
 
