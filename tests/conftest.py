@@ -147,7 +147,9 @@ class Processes:
         log = self.tmp_path / f"{name}.log"
         proc = subprocess.Popen(
             args,
-            env=env,
+            # The test's own temporary directory: its Nannies find no flight recorders that
+            # an earlier test's dead workers left (a Nanny sends those on, as on a machine).
+            env={**env, "TMPDIR": str(self.tmp_path)},
             cwd=self.tmp_path,
             stdout=log.open("w"),
             stderr=subprocess.STDOUT,
