@@ -10,7 +10,9 @@ stops them. Plain and instrumented rounds (and ``--variant`` rounds, whose dask 
 reaches every process as ``DASK_*`` variables) interleave, rotating which goes first.
 
 Reported: the wall ratio, and CPU per task of each process (scheduler, the Nannies' one
-process, the two worker processes, this client, the receiver), medians with min-max.
+process, the two worker processes, this client, the receiver), medians with min-max; and of
+the scheduler's event-loop thread alone (``loop``: its main thread, read in nanoseconds
+from ``/proc``, where the processes' figures count 10 ms ticks).
 
     python benchmarks/deployed.py --workload graph --tasks 4000 --rounds 7
     python benchmarks/deployed.py --workload graph --tasks 4000 --rounds 7 \
@@ -46,8 +48,16 @@ from opentelemetry.sdk.trace import TracerProvider
 from dask_otel import DaskInstrumentor
 from dask_otel.distro import processors
 
-#: The processes whose CPU each round reports, in this order.
-ROLES = ("scheduler", "nannies", "workers", "client", "receiver")
+#: The processes whose CPU each round reports, in this order (``loop``: the scheduler's
+#: event-loop thread).
+ROLES = ("scheduler", "loop", "nannies", "workers", "client", "receiver")
+
+
+def loop_cpu(process: psutil.Process) -> float:
+    """CPU seconds of ``process``'s main thread (the event loop of ``dask scheduler``):
+    the kernel's nanosecond count (``schedstat``), not the 10 ms ticks of ``cpu_times``."""
+    with open(f"/proc/{process.pid}/schedstat") as stat:
+        return int(stat.read().split()[0]) / 1e9
 
 
 def command(name: str) -> str:
@@ -144,11 +154,14 @@ def one_round(
             client.wait_for_workers(2, timeout=60)
             client.gather(client.map(overhead.noop, range(50), pure=False))  # warm up
             roles = {**deployment.watched(), "client": [psutil.Process()], "receiver": [receiver]}
+            scheduler = roles["scheduler"][0]
             before = {role: overhead.process_cpu(ps) for role, ps in roles.items()}
+            before["loop"] = loop_cpu(scheduler)
             wall = time.perf_counter()
             workload(client, tasks)
             wall = time.perf_counter() - wall
             cpu = {role: overhead.process_cpu(ps) - before[role] for role, ps in roles.items()}
+            cpu["loop"] = loop_cpu(scheduler) - before["loop"]
     finally:
         deployment.stop()
     return wall, cpu
@@ -222,7 +235,8 @@ def main() -> None:
                 f"round {r + 1}: "
                 + "  ".join(
                     f"{mode} {times[mode][0]:.3f}s (scheduler "
-                    f"{1e6 * times[mode][1]['scheduler'] / args.tasks:.0f} us/task)"
+                    f"{1e6 * times[mode][1]['scheduler'] / args.tasks:.0f} us/task, loop "
+                    f"{1e6 * times[mode][1]['loop'] / args.tasks:.0f})"
                     for mode in modes
                 ),
                 flush=True,
