@@ -80,7 +80,9 @@ def blocked(name: str) -> None:
 
 
 def cluster() -> LocalCluster:
-    return LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0")
+    return LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address="127.0.0.1:0"
+    )
 
 
 def traced_bytes(snapshot: tracemalloc.Snapshot, only_dask_otel: bool) -> int:

@@ -208,7 +208,7 @@ def one_round(
             n_workers=2,
             threads_per_worker=1,
             processes=env is not None,
-            dashboard_address=":0",
+            dashboard_address="127.0.0.1:0",
             memory_limit="60MB" if memory else "auto",
             **({"host": "127.0.0.1", "env": env} if env is not None else {}),
         ) as cluster,

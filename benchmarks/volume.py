@@ -145,7 +145,7 @@ def main() -> None:
     try:
         with (
             LocalCluster(
-                n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
+                n_workers=2, threads_per_worker=1, processes=False, dashboard_address="127.0.0.1:0"
             ) as cluster,
             Client(cluster) as client,
         ):

@@ -134,7 +134,7 @@ dask_otel.instrument()  # configures the SDK from OTEL_*, as opentelemetry-instr
 trace.get_tracer_provider().add_span_processor(Ended())
 _logs.get_logger_provider().add_log_record_processor(Emitted())
 with LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                  dashboard_address=":0") as cluster, Client(cluster) as client:
+                  dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
     assert client.gather(client.map(abs, range(-20, 0))) == list(range(20, 0, -1))
     logging.getLogger("user").warning("a log record")
 # A flush stops waiting for a collector that does not answer: each failed batch is counted

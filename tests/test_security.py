@@ -435,7 +435,7 @@ def test_otlp_headers_reach_the_collector_and_are_never_logged(caplog, tmp_path)
             from distributed import Client, LocalCluster
             import dask_otel
             dask_otel.DaskInstrumentor().instrument()
-            with LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as c:
+            with LocalCluster(n_workers=1, processes=False, dashboard_address="127.0.0.1:0") as c:
                 with Client(c) as client:
                     print(client.submit(lambda: 40 + 2).result())
                     try:

@@ -47,7 +47,7 @@ def main() -> None:
             threads_per_worker=1,
             processes=True,
             host="127.0.0.1",
-            dashboard_address=":0",
+            dashboard_address="127.0.0.1:0",
         )
         address = cluster.scheduler_address
     with Client(address, timeout=30) as client:
