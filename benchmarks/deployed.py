@@ -40,6 +40,7 @@ from pathlib import Path
 
 import overhead
 import psutil
+import scheduler_probe
 from distributed import Client
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
@@ -146,8 +147,10 @@ def one_round(
     env: dict[str, str],
     instrumented: bool,
     receiver: psutil.Process,
+    probe: bool = False,
 ) -> tuple[float, dict[str, float]]:
-    """(wall seconds, CPU seconds by role) of ``workload`` on a new deployment."""
+    """(wall seconds, CPU seconds by role) of ``workload`` on a new deployment; with
+    ``probe``, also by entry point of the scheduler's ``scheduler_probe``."""
     deployment = Deployment(env, instrumented)
     try:
         with Client(scheduler_file=deployment.scheduler_file) as client:
@@ -156,12 +159,17 @@ def one_round(
             roles = {**deployment.watched(), "client": [psutil.Process()], "receiver": [receiver]}
             scheduler = roles["scheduler"][0]
             before = {role: overhead.process_cpu(ps) for role, ps in roles.items()}
+            if probe:
+                before.update(client.run_on_scheduler(scheduler_probe.snapshot))
             before["loop"] = loop_cpu(scheduler)
             wall = time.perf_counter()
             workload(client, tasks)
             wall = time.perf_counter() - wall
             cpu = {role: overhead.process_cpu(ps) - before[role] for role, ps in roles.items()}
             cpu["loop"] = loop_cpu(scheduler) - before["loop"]
+            if probe:
+                for name, seconds in client.run_on_scheduler(scheduler_probe.snapshot).items():
+                    cpu[name] = seconds - before.get(name, 0.0)
     finally:
         deployment.stop()
     return wall, cpu
@@ -186,6 +194,12 @@ def main() -> None:
         metavar="NAME=DIR",
         help="also run every round instrumented with dask_otel imported from checkout DIR",
     )
+    parser.add_argument(
+        "--probe",
+        action="store_true",
+        help="time dask-otel's entry points on the scheduler's event loop "
+        "(benchmarks/scheduler_probe.py, a scheduler preload in every round)",
+    )
     args = parser.parse_args()
     endpoint, receiver_process = overhead.start_receiver()
     receiver = psutil.Process(receiver_process.pid)
@@ -194,6 +208,8 @@ def main() -> None:
     plain_env["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH")])
     )
+    if args.probe:
+        plain_env["DASK_DISTRIBUTED__SCHEDULER__PRELOAD"] = '["scheduler_probe"]'
     otel_env = {**plain_env, **overhead.worker_env(endpoint)}
     #: Each instrumented mode's dask config, and the checkout its processes import from.
     variants: dict[str, tuple[dict[str, object], str | None]] = {"dask-otel": ({}, None)}
@@ -213,14 +229,14 @@ def main() -> None:
 
     def run(mode: str) -> tuple[float, dict[str, float]]:
         if mode == "plain":
-            return one_round(workload, args.tasks, plain_env, False, receiver)
+            return one_round(workload, args.tasks, plain_env, False, receiver, args.probe)
         config, checkout = variants[mode]
         env = {**otel_env, **{overhead.dask_variable(k): str(v) for k, v in config.items()}}
         if checkout is not None:
             env["PYTHONPATH"] = os.pathsep.join([checkout, env["PYTHONPATH"]])
         instrumentor.instrument(tracer_provider=provider, meter_provider=meter_provider)
         try:
-            return one_round(workload, args.tasks, env, True, receiver)
+            return one_round(workload, args.tasks, env, True, receiver, args.probe)
         finally:
             instrumentor.uninstrument()
             provider.force_flush()
@@ -268,6 +284,11 @@ def main() -> None:
                 f"    {role:<10} {statistics.median(before):8.1f} -> "
                 f"{statistics.median(after):8.1f}   ratio {overhead.median_range(ratios)}"
             )
+        if args.probe:
+            print("  on the scheduler's event loop, us per task (scheduler_probe):")
+            for name in traced[0][1].keys() - {*ROLES, "compute-task message (Dask)"}:
+                spent = [t[1][name] * scale for t in traced]
+                print(f"    {name:<22} {overhead.median_range(spent)}")
     print(f"\nspans received over OTLP: {received}")
 
 
