@@ -9,6 +9,10 @@ this process (instrumented: ``DaskInstrumentor().instrument()``), runs the workl
 stops them. Plain and instrumented rounds (and ``--variant`` rounds, whose dask config
 reaches every process as ``DASK_*`` variables) interleave, rotating which goes first.
 
+``--pin`` puts the scheduler alone on one CPU, everything else on the others: on a
+machine of 2 cores, the scheduler's CPU then no longer pays for the workers' added work
+through the caches and time slices it shares with them.
+
 Reported: the wall ratio, and CPU per task of each process (scheduler, the Nannies' one
 process, the two worker processes, this client, the receiver), medians with min-max; and of
 the scheduler's event-loop thread alone (``loop``: its main thread, read in nanoseconds
@@ -70,6 +74,9 @@ def command(name: str) -> str:
 class Deployment:
     """A scheduler and two Nanny workers started from the command line; stops them."""
 
+    #: With ``--pin``: the CPUs of the scheduler, and of everything else.
+    pinned: tuple[set[int], set[int]] | None = None
+
     def __init__(self, env: dict[str, str], instrumented: bool) -> None:
         self._dir = tempfile.mkdtemp(prefix="dask-otel-deployed-")
         scheduler_file = os.path.join(self._dir, "scheduler.json")
@@ -91,6 +98,7 @@ class Deployment:
                 env=env,
                 stderr=None if os.environ.get("DEPLOYED_DEBUG") else subprocess.DEVNULL,
                 start_new_session=True,
+                preexec_fn=self._on_cpus(0),
             )
         ]
         deadline = time.monotonic() + 60
@@ -117,8 +125,16 @@ class Deployment:
                 env=env,
                 stderr=None if os.environ.get("DEPLOYED_DEBUG") else subprocess.DEVNULL,
                 start_new_session=True,
+                preexec_fn=self._on_cpus(1),
             )
         )
+
+    def _on_cpus(self, which: int) -> Callable[[], None] | None:
+        """Run in the child before it starts: its CPUs, with ``--pin``."""
+        if self.pinned is None:
+            return None
+        cpus = self.pinned[which]
+        return lambda: os.sched_setaffinity(0, cpus)
 
     def watched(self) -> dict[str, list[psutil.Process]]:
         """The processes of each role, once the workers run."""
@@ -200,9 +216,29 @@ def main() -> None:
         help="time dask-otel's entry points on the scheduler's event loop "
         "(benchmarks/scheduler_probe.py, a scheduler preload in every round)",
     )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="the scheduler alone on CPU 0; the workers, this client and the receiver on "
+        "the others (as on a cluster, where the scheduler has a host of its own)",
+    )
+    parser.add_argument(
+        "--slowed",
+        type=float,
+        metavar="US",
+        help="also run every round plain with workers whose event loop spins US "
+        "microseconds per task (benchmarks/slow_worker.py): how the scheduler's CPU per "
+        "task answers slower workers without dask-otel",
+    )
     args = parser.parse_args()
     endpoint, receiver_process = overhead.start_receiver()
     receiver = psutil.Process(receiver_process.pid)
+    if args.pin:
+        others = set(range(1, os.cpu_count() or 2))
+        Deployment.pinned = ({0}, others)
+        for pid in (os.getpid(), receiver.pid):  # every thread of this process and the receiver's
+            for thread in os.listdir(f"/proc/{pid}/task"):
+                os.sched_setaffinity(int(thread), others)
     plain_env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "DASK_"))}
     # The workloads' functions are pickled by reference to this directory's modules.
     plain_env["PYTHONPATH"] = os.pathsep.join(
@@ -227,9 +263,16 @@ def main() -> None:
     instrumentor = DaskInstrumentor()
     workload = overhead.WORKLOADS[args.workload]
 
+    slowed_env = {
+        **plain_env,
+        "DASK_DISTRIBUTED__WORKER__PRELOAD": '["slow_worker"]',
+        "SLOW_WORKER_US": str(args.slowed),
+    }
+
     def run(mode: str) -> tuple[float, dict[str, float]]:
-        if mode == "plain":
-            return one_round(workload, args.tasks, plain_env, False, receiver, args.probe)
+        if mode in ("plain", "slowed"):
+            env = plain_env if mode == "plain" else slowed_env
+            return one_round(workload, args.tasks, env, False, receiver, args.probe)
         config, checkout = variants[mode]
         env = {**otel_env, **{overhead.dask_variable(k): str(v) for k, v in config.items()}}
         if checkout is not None:
@@ -241,7 +284,7 @@ def main() -> None:
             instrumentor.uninstrument()
             provider.force_flush()
 
-    modes = ["plain", *variants]
+    modes = ["plain", *(["slowed"] if args.slowed else []), *variants]
     results: dict[str, list[tuple[float, dict[str, float]]]] = {mode: [] for mode in modes}
     try:
         for r, times in enumerate(overhead.interleaved(modes, args.rounds, run)):
@@ -286,9 +329,18 @@ def main() -> None:
             )
         if args.probe:
             print("  on the scheduler's event loop, us per task (scheduler_probe):")
-            for name in traced[0][1].keys() - {*ROLES, "compute-task message (Dask)"}:
+            probed = traced[0][1].keys() - {*ROLES, *scheduler_probe.messages}
+            for name in sorted(probed - {"compute-task message (Dask)"}):
                 spent = [t[1][name] * scale for t in traced]
                 print(f"    {name:<22} {overhead.median_range(spent)}")
+            print("  the scheduler's comm messages per task, plain -> instrumented:")
+            for name in scheduler_probe.messages:
+                before = [p[1][name] / args.tasks for p in plains]
+                after = [t[1][name] / args.tasks for t in traced]
+                print(
+                    f"    {name:<22} {overhead.median_range(before)} -> "
+                    f"{overhead.median_range(after)}"
+                )
     print(f"\nspans received over OTLP: {received}")
 
 
