@@ -12,6 +12,7 @@ before its worker starts); every client's submissions get a span
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -33,10 +34,15 @@ def with_plugin(plugins: Iterable[Any] | None, plugin_type: type) -> tuple[Any, 
     return (*plugins, plugin_type())
 
 
-def _with_plugin(plugin_type: type) -> Any:
-    """A constructor wrapper that passes :func:`with_plugin` as ``plugins=``."""
+def _with_plugin(plugin_type: type, role: str) -> Any:
+    """A constructor wrapper that passes :func:`with_plugin` as ``plugins=`` and names
+    this process after ``role`` if dask-otel configured it without knowing its role (a
+    Nanny's worker process: its first log lines come before the plugin starts)."""
 
     def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        sdk = sys.modules.get("dask_otel.distro.sdk")  # imported where it configured the SDK
+        if sdk is not None:
+            sdk.name_process(role)
         kwargs["plugins"] = with_plugin(kwargs.get("plugins"), plugin_type)
         try:
             return wrapped(*args, **kwargs)
@@ -69,8 +75,8 @@ def _nanny_with_plugins(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> 
 
 
 _PATCHES = (
-    (distributed.Scheduler, "__init__", _with_plugin(DaskOtelSchedulerPlugin)),
-    (distributed.Worker, "__init__", _with_plugin(DaskOtelWorkerPlugin)),
+    (distributed.Scheduler, "__init__", _with_plugin(DaskOtelSchedulerPlugin, "scheduler")),
+    (distributed.Worker, "__init__", _with_plugin(DaskOtelWorkerPlugin, "worker")),
     # A Nanny passes unknown keyword arguments to its Worker: the plugin is pickled into
     # the worker process with spawn, fork and forkserver alike.
     (distributed.Nanny, "__init__", _nanny_with_plugins),

@@ -365,9 +365,15 @@ def configure(role: str) -> bool:
         if _failure is None:
             DaskOtelConfigurator().configure(role=role)
         return _failure is None
+    name_process(role)
+    return True  # by dask-otel, or by the user (after a failure of ours, too)
+
+
+def name_process(role: str) -> None:
+    """Name the providers dask-otel configured before the role was known (a Nanny's
+    child, say) after ``role``; anything else stays as it is."""
     if _owned is not None and _owned.role is None:
         _retag(role)
-    return True  # by dask-otel, or by the user (after a failure of ours, too)
 
 
 def owns_providers() -> bool:
