@@ -12,7 +12,6 @@ before its worker starts); every client's submissions get a span
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -20,7 +19,7 @@ import dask.config
 import distributed
 from wrapt import wrap_function_wrapper
 
-from dask_otel.plugins import client
+from dask_otel.plugins import activation, client
 from dask_otel.plugins.scheduler import DaskOtelSchedulerPlugin
 from dask_otel.plugins.worker import DaskOtelWorkerPlugin
 from dask_otel.spans import errors
@@ -35,14 +34,12 @@ def with_plugin(plugins: Iterable[Any] | None, plugin_type: type) -> tuple[Any, 
 
 
 def _with_plugin(plugin_type: type, role: str) -> Any:
-    """A constructor wrapper that passes :func:`with_plugin` as ``plugins=`` and names
-    this process after ``role`` if dask-otel configured it without knowing its role (a
-    Nanny's worker process: its first log lines come before the plugin starts)."""
+    """A constructor wrapper that passes :func:`with_plugin` as ``plugins=``, the process
+    prepared for ``role`` first (:func:`~dask_otel.plugins.activation.prepare_process`:
+    a worker process logs before its plugin starts)."""
 
     def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        sdk = sys.modules.get("dask_otel.distro.sdk")  # imported where it configured the SDK
-        if sdk is not None:
-            sdk.name_process(role)
+        activation.prepare_process(role)
         kwargs["plugins"] = with_plugin(kwargs.get("plugins"), plugin_type)
         try:
             return wrapped(*args, **kwargs)

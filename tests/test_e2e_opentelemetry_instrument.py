@@ -21,15 +21,13 @@ def test_zero_code_cluster(receiver, processes, method):
     check_workload_telemetry(receiver, observed)
     spans = receiver.spans()
     # Nanny children are named as workers, each with its own instance id, from their
-    # first log line on (with forkserver, those first lines are not exported at all: a
-    # gap left open, README "Logs").
+    # first log line on (a forkserver's child sets up before its first line).
     assert len({i for n, i in services(spans) if n == "dask-worker"}) == 2
-    if method != "forkserver":
-        started = receiver.wait_for(
-            lambda r: [x for x in r.log_records() if "Start worker at" in str(x["body"])]
-        )
-        assert len(started) == 2
-        assert {x["resource"]["service.name"] for x in started} == {"dask-worker"}
+    started = receiver.wait_for(
+        lambda r: [x for x in r.log_records() if "Start worker at" in str(x["body"])]
+    )
+    assert len(started) == 2
+    assert {x["resource"]["service.name"] for x in started} == {"dask-worker"}
     # Dask's stderr output is untouched by the log bridge.
     assert "distributed.worker - ERROR - Compute Failed" in processes.logs()
 

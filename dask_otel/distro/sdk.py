@@ -314,6 +314,12 @@ def _multiprocessing_helper() -> bool:
     return os.getpid() == _HELPER_PID
 
 
+def forked_from_helper() -> bool:
+    """Whether this process was forked from one of those helpers (a worker started by
+    the forkserver): nothing configured its SDK at start."""
+    return _HELPER_PID is not None and os.getpid() != _HELPER_PID
+
+
 def _helper_pid() -> int | None:
     argv = getattr(sys, "orig_argv", [])
     code = argv[argv.index("-c") + 1] if "-c" in argv[:-1] else ""

@@ -54,6 +54,24 @@ def activate(role: str, server: Any = None) -> Settings | None:
     return settings
 
 
+def prepare_process(role: str) -> None:
+    """Before a scheduler or worker is made, so that its first log lines are exported as
+    ``role``: name a process dask-otel configured before its role was known (a Nanny's
+    child), and set up one forked from the forkserver (where dask-otel configures
+    nothing) now. Nothing where dask-otel did not configure the SDK."""
+    from dask_otel import runtime
+
+    sdk = sys.modules.get("dask_otel.distro.sdk")  # imported where it configures the SDK
+    if sdk is None:
+        return
+    if sdk.forked_from_helper() and not runtime.is_configured():
+        # Invalid settings are left to the plugin, which says so as always.
+        if not disabled_by_environment() and settings_problem() is None:
+            activate(role)
+        return
+    sdk.name_process(role)
+
+
 def _set_up(role: str, settings: Settings) -> bool:
     """Make this process export as ``role``: configure the OpenTelemetry SDK from
     ``OTEL_*`` variables when nothing configured it yet (a worker reached only through a
