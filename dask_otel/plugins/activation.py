@@ -15,6 +15,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+from dask_otel import runtime
 from dask_otel.runtime import say_once
 
 if TYPE_CHECKING:
@@ -59,8 +60,6 @@ def prepare_process(role: str) -> None:
     ``role``: name a process dask-otel configured before its role was known (a Nanny's
     child), and set up one forked from the forkserver (where dask-otel configures
     nothing) now. Nothing where dask-otel did not configure the SDK."""
-    from dask_otel import runtime
-
     sdk = sys.modules.get("dask_otel.distro.sdk")  # imported where it configures the SDK
     if sdk is None:
         return
@@ -81,7 +80,6 @@ def _set_up(role: str, settings: Settings) -> bool:
     installed once (redaction and the length cap follow the settings), and the ``rpc``
     spans take the current tracer and settings.
     """
-    from dask_otel import runtime
     from dask_otel.distro import sdk
     from dask_otel.plugins import rpc
 
@@ -100,7 +98,6 @@ def _set_up(role: str, settings: Settings) -> bool:
 
 def bridge_logs(settings: Settings) -> None:
     """Export this process's log records (``otel.logs``) from now on, redacted as set."""
-    from dask_otel import runtime
     from dask_otel.signals import logs
     from dask_otel.spans import errors
 
