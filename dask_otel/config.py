@@ -70,7 +70,6 @@ class Settings:
     logs_loggers: tuple[str, ...]
     logs_exclude_event_topics: tuple[str, ...]
     flight_recorder_size: int
-    nanny_export_spans: bool
     memory_history: float
     death_log_lines: int
 
@@ -239,7 +238,6 @@ _READERS: dict[str, Callable[[], object]] = {
     "logs_loggers": lambda: _names("logs.loggers"),
     "logs_exclude_event_topics": lambda: _names("logs.exclude-event-topics"),
     "flight_recorder_size": lambda: _bytes("nanny.flight-recorder", FLIGHT_RECORDER_MIN_SIZE),
-    "nanny_export_spans": lambda: _bool("nanny.export-spans"),
     "memory_history": lambda: _seconds("nanny.memory-history"),
     "death_log_lines": lambda: _count("nanny.log-lines", 0),
 }

@@ -45,7 +45,6 @@ def test_defaults():
         logs_loggers=("", "distributed"),
         logs_exclude_event_topics=("stealing",),
         flight_recorder_size=4 * 2**20,
-        nanny_export_spans=True,
         memory_history=10.0,
         death_log_lines=20,
     )
@@ -72,7 +71,6 @@ def test_values_set_through_dask_config():
             "otel.logs.enabled": False,
             "otel.logs.level": "warning",
             "otel.logs.loggers": ["distributed"],
-            "otel.nanny.export-spans": False,
         }
     ):
         settings = load_settings()
@@ -103,7 +101,6 @@ def test_values_set_through_dask_config():
         logs_loggers=("distributed",),
         logs_exclude_event_topics=("stealing",),
         flight_recorder_size=4 * 2**20,
-        nanny_export_spans=False,
         memory_history=10.0,
         death_log_lines=20,
     )

@@ -35,11 +35,7 @@ def test_demo_writes_files_and_summarizes_them(tmp_path):
     files = sorted(p.name.split("-")[0:2] for p in (tmp_path / "dask-otel-telemetry").iterdir())
     for signal in ("traces", "metrics", "logs"):
         assert [signal, "scheduler"] in files
-    for signal in ("metrics", "logs"):
         assert files.count([signal, "worker"]) == 2
-    # The workers' spans are written by the Nannies' process, which exports them (under
-    # the workers' own resources: the summary below finds dask-worker spans).
-    assert files.count(["traces", "nanny"]) == 1 and ["traces", "worker"] not in files
     # The client's process logs nothing: a file is made at its first line.
     assert [f for f in files if "client" in f] == [["metrics", "client"], ["traces", "client"]]
     # The summary printed at the end names the injected failure, with its retry.

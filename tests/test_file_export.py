@@ -59,9 +59,7 @@ def test_files_are_named_by_role_and_helpers_write_none(processes, method):
     assert roles == {"scheduler", "nanny", "worker", "client"}, files
     # Each file's resource names its role: from the first line on for spans; log records
     # and metrics a process made before it knew its role (a Nanny's worker starting, a
-    # client before its first submission) have none yet, never another one. The Nannies
-    # export their workers' spans (under the workers' resources): they have no span file.
-    assert not [f for f in files if f.startswith("traces-worker")], files
+    # client before its first submission) have none yet, never another one.
     for path in directory.iterdir():
         signal, role = path.name.split("-")[:2]
         names = [
@@ -69,9 +67,6 @@ def test_files_are_named_by_role_and_helpers_write_none(processes, method):
             for line in path.read_text().splitlines()
             for item in next(iter(json.loads(line).values()))
         ]
-        if (signal, role) == ("traces", "nanny"):
-            assert set(names) <= {"dask-nanny", "dask-worker"} and "dask-worker" in names
-            continue
         assert names[-1] == f"dask-{role}", path.name
         if signal == "traces":
             assert set(names) == {f"dask-{role}"}, path.name

@@ -56,10 +56,7 @@ def died(rx, cause):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(
-    "nanny_exports_spans", [True, False], ids=["nanny-exports", "worker-exports"]
-)
-def test_killed_worker_post_mortem(receiver, processes, nanny_exports_spans):
+def test_killed_worker_post_mortem(receiver, processes):
     files = processes.tmp_path / "otlp"
     exporters = {f"OTEL_{s}_EXPORTER": "otlp,otlp_json_file" for s in ("TRACES", "LOGS")}
     env = otel_env(
@@ -71,7 +68,6 @@ def test_killed_worker_post_mortem(receiver, processes, nanny_exports_spans):
     # Nannies and their workers hold spans and log records for a minute: what a worker
     # queued before it died arrives only if its Nanny sends it.
     held = {**env, "OTEL_BSP_SCHEDULE_DELAY": "60000", "OTEL_BLRP_SCHEDULE_DELAY": "60000"}
-    held["DASK_OTEL__NANNY__EXPORT_SPANS"] = str(nanny_exports_spans)
     address = start_scheduler(processes, env)
     nannies = [
         start_worker(processes, held, address, f"w{i}", options=("--memory-limit", "400MB"))
@@ -152,9 +148,8 @@ def test_killed_worker_post_mortem(receiver, processes, nanny_exports_spans):
         (s["trace_id"], s["span_id"]) for s in lost
     }
 
-    # Nothing the dead workers recorded is lost, nor sent twice: their queued spans and
-    # log records (held a minute) were sent by their Nannies, under the workers' own
-    # resources (a Nanny that exports its worker's spans took most of them before).
+    # Nothing the dead workers recorded is lost: their queued spans and log records
+    # (held a minute) were sent by their Nannies, under the workers' own resources.
     # A worker killed within moments of finishing tasks may not have built their spans
     # yet: its recorder names them, so that none is lost silently.
     unreported = [k for k in a.get("dask.task.unreported", ()) if k.startswith("tick-")]
@@ -166,7 +161,7 @@ def test_killed_worker_post_mortem(receiver, processes, nanny_exports_spans):
         )
     )
     assert {s["resource"]["service.name"] for s in ticks} == {"dask-worker"}
-    for record in [*memory, sigkill] if not nanny_exports_spans else ():
+    for record in [*memory, sigkill]:
         recovered = record["attributes"]["dask_otel.recovered.spans"]
         assert recovered + len(record["attributes"].get("dask.task.unreported", ())) >= TICKS
     # The tasks' own log records: each hog attempt's, and both sleeper attempts'.

@@ -35,8 +35,6 @@ _ADVICE = {
     "export_failed": "the exporter gave up on a batch (is the collector reachable, and does "
     "it accept messages this large?)",
     "already_shutdown": "they were made after the SDK shut down",
-    "nanny_behind": "the worker's Nanny, which exports them, fell behind (raise "
-    "otel.nanny.flight-recorder, or set otel.nanny.export-spans: false)",
 }
 _QUEUE_VARIABLES = {"traces": "OTEL_BSP_MAX_QUEUE_SIZE", "logs": "OTEL_BLRP_MAX_QUEUE_SIZE"}
 #: Signals whose losses were reported (checked before the lock: one set lookup a batch).

@@ -6,15 +6,11 @@ the queue, and notes the newest number exported so far; if the process dies, its
 exports those with a higher number (:func:`recover`). The queue is first in, first
 out: every record older than one exported has left it (exported, or dropped from a full
 queue).
-
-Where the Nanny takes them (``otel.nanny.export-spans``), the worker's spans are only
-copied: the Nanny follows the copy and exports it, and notes what it took.
 """
 
 from __future__ import annotations
 
 import logging
-import marshal
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,7 +20,6 @@ from opentelemetry.trace import SpanContext, TraceFlags
 
 from dask_otel import runtime
 from dask_otel.distro.compact_spans import plain_attributes, rebuild
-from dask_otel.distro.drops import count_dropped
 from dask_otel.runtime import report_once
 
 logger = logging.getLogger(__name__)
@@ -37,7 +32,7 @@ configured_processors: list[Any] = []
 class Mirror:
     """Where one export queue is copied: a flight recorder's ring, or nowhere (None)."""
 
-    __slots__ = ("handover", "newest", "numbers", "overwritten", "recorder", "ring", "signal")
+    __slots__ = ("newest", "numbers", "recorder", "ring", "signal")
 
     #: Numbers kept for records that left the queue unexported (dropped), before those
     #: older than the newest exported are forgotten.
@@ -51,10 +46,6 @@ class Mirror:
         #: queued; an id reused after a drop replaces its stale entry).
         self.numbers: dict[int, int] = {}
         self.newest = -1
-        #: Whether the records are only copied, for the worker's Nanny to export.
-        self.handover = False
-        #: The ring's count of records overwritten unexported, as last counted as dropped.
-        self.overwritten = 0
 
     def queued(self, item: Any, number: int | None) -> None:
         """``item`` was queued and copied as ``number`` (None: not copied)."""
@@ -76,28 +67,14 @@ class Mirror:
             with self.recorder.lock:
                 self.numbers = {k: n for k, n in numbers.items() if n > self.newest}
 
-    def handed_over(self, number: int | None) -> bool:
-        """Whether a record copied as ``number`` (None: not copied) is the Nanny's to
-        export; counts what the Nanny, fallen behind, never took."""
-        if number is None:
-            return False
-        overwritten = self.ring.overwritten
-        if overwritten != self.overwritten:
-            count_dropped(self.signal, "nanny_behind", overwritten - self.overwritten)
-            self.overwritten = overwritten
-        return True
-
     def attach(self, recorder: Any) -> None:
         self.numbers = {}
         self.newest = -1
         self.ring = recorder.spans if self.signal == "traces" else recorder.logs
-        self.overwritten = self.ring.overwritten
-        self.handover = self.signal == "traces" and recorder.hands_over_spans
         self.recorder = recorder
 
     def detach(self) -> None:
         self.recorder = self.ring = None
-        self.handover = False
 
 
 def mirror(recorder: Any) -> set[str]:
@@ -130,8 +107,12 @@ def recover(providers: runtime.Providers, objects: list[tuple], spans: list, log
     handed over (none with an SDK whose processors are out of reach: said once).
     """
     from opentelemetry.sdk._logs import ReadWriteLogRecord
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-    built = [_built(description) for description in objects]
+    built: list[Any] = [
+        Resource(o[1], o[2]) if o[0] == "resource" else InstrumentationScope(*o[1:])
+        for o in objects
+    ]
     span_sink = getattr(providers.tracer_provider, "_active_span_processor", None)
     log_sink = getattr(providers.logger_provider, "_multi_log_record_processor", None)
     if (spans and span_sink is None) or (logs and log_sink is None):
@@ -153,25 +134,6 @@ def recover(providers: runtime.Providers, objects: list[tuple], spans: list, log
         )
         handed += 1
     return handed
-
-
-#: Resources and scopes made from other processes' descriptions, by description: one
-#: object each, however often a Nanny takes its worker's spans (the span processor keeps
-#: every object it numbered).
-_objects: dict[bytes, Any] = {}
-
-
-def _built(description: tuple) -> Any:
-    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-
-    key = marshal.dumps(description)
-    built = _objects.get(key)
-    if built is None:
-        kind, *fields = description
-        built = _objects[key] = (
-            Resource(*fields) if kind == "resource" else InstrumentationScope(*fields)
-        )
-    return built
 
 
 def compact_log(record: _logs.LogRecord) -> tuple:

@@ -138,20 +138,14 @@ class Queued:
     export_queue: ExportQueue
 
     def _put(self, item: Any, copy: Callable[[Any], int | None]) -> None:
-        """Queue ``item``; with a recorder attached, ``copy(recorder)`` it too, in one order:
-        only copy it, if the worker's Nanny exports the copies (and it could be copied)."""
-        mirror = self.mirror
-        recorder = mirror.recorder
+        """Queue ``item``; with a recorder attached, ``copy(recorder)`` it too, in one order."""
+        recorder = self.mirror.recorder
         if recorder is None:
             self.export_queue.put(item)
             return
         with recorder.lock:
-            if mirror.handover:
-                if mirror.handed_over(copy(recorder)):
-                    return
-                self.export_queue.put(item)
-            elif self.export_queue.put(item):
-                mirror.queued(item, copy(recorder))
+            if self.export_queue.put(item):
+                self.mirror.queued(item, copy(recorder))
 
     def shutdown(self) -> None:
         self.export_queue.shutdown()

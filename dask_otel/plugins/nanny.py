@@ -16,10 +16,7 @@ the terminate threshold, and is the one process that sees how it ended. With thi
   that attempt's span in the task's trace, with a ``dask.task.lost`` record in it;
 - whenever the worker's process ends without closing, it exports what the worker had
   queued for export but not sent, read from the worker's flight recorder
-  (:mod:`dask_otel.signals.flight`);
-- unless its process hosts a scheduler, it exports its worker's spans, which the worker
-  only copies to its flight recorder (``otel.nanny.export-spans``): the worker's process,
-  where Dask's latency is made, neither encodes nor sends them.
+  (:mod:`dask_otel.signals.flight`).
 
 What a death is and what its records say: :mod:`dask_otel.plugins.deaths`.
 """
@@ -70,8 +67,6 @@ STOP_SIGNALS = frozenset(
 )
 #: How long a Nanny keeps asking for the scheduler's id (``dask.cluster.id``).
 IDENTITY_TIMEOUT = 60.0
-#: Seconds between two reads of the spans its worker hands over.
-TAKE_SPANS_INTERVAL = 0.1
 
 
 class DaskOtelNannyPlugin(NannyPlugin):
@@ -163,11 +158,6 @@ class WorkerWatch:
         self._closed = False
         #: This Nanny's mark on its flight recorders' directory (None: not made).
         self._mark: str | None = None
-        #: Reads the spans its worker hands over, while it takes them.
-        self._taking = PeriodicCallback(self._take_spans_soon, TAKE_SPANS_INTERVAL * 1000)
-        #: The worker process followed, and whether a read of it is submitted.
-        self._follower: flight.Follower | None = None
-        self._take_submitted = False
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -179,9 +169,6 @@ class WorkerWatch:
             self._examine_remains()  # left by an earlier Nanny at this address
             for folder in flight_folders.orphans(self.folder):  # and by Nannies that are gone
                 emitter.shared().submit(self._clean_up_after, folder)
-            if self._mark is not None and self._takes_spans():
-                flight_folders.offer_to_take_spans(self.folder, True)
-                self._taking.start()
         self._wrap("log_event", self._log_event)
         self._wrap("kill", self._kill)
         self._wrap("instantiate", self._instantiate)
@@ -200,12 +187,6 @@ class WorkerWatch:
     async def close(self) -> None:
         self._closed = True
         self._callback.stop()
-        if self._taking.is_running():
-            # A worker that outlives this (the plugin removed) hands over what is left
-            # when it exits: the post-mortem reads it.
-            self._taking.stop()
-            flight_folders.offer_to_take_spans(self.folder, False)
-            self._take_spans_soon()
         if self._identity is not None:
             self._identity.cancel()
         nanny = self.nanny
@@ -221,17 +202,6 @@ class WorkerWatch:
         # The post-mortems in progress reach the export queues, which the process's exit
         # flushes (bounded): not waited for here, with a collector that may be down.
         await emitter.off_loop(emitter.shared().close, self.settings.flush_timeout)
-
-    def _takes_spans(self) -> bool:
-        """Whether this Nanny exports its worker's spans: asked, and in a process whose
-        SDK takes spans built elsewhere and where no scheduler runs (Dask's bottleneck)."""
-        from distributed import Scheduler
-
-        return (
-            self.settings.nanny_export_spans
-            and hasattr(self.providers.tracer_provider, "_active_span_processor")
-            and not any(s.status.name in ("init", "running") for s in Scheduler._instances)
-        )
 
     def _wrap(self, name: str, wrapper: Callable[..., Any]) -> None:
         original = getattr(self.nanny, name)
@@ -296,35 +266,6 @@ class WorkerWatch:
         except Exception:
             report_once(logger, "nanny", "dask-otel: the post-mortem of a worker failed")
         return self._originals["_on_worker_exit_sync"](exitcode)
-
-    # -- the worker's spans -----------------------------------------------------------------
-
-    def _take_spans_soon(self) -> None:
-        if not self._take_submitted:
-            self._take_submitted = True
-            emitter.shared().submit(self._take_spans)
-
-    def _take_spans(self) -> None:
-        """In the background: export the spans the worker process copied since the last
-        read. Runs in the thread of the post-mortem too, which takes the rest."""
-        self._take_submitted = False
-        pid = self.pid
-        follower = self._follower
-        if follower is None or follower.pid != pid:
-            if follower is not None:
-                follower.close()
-            follower = self._follower = (
-                None
-                if pid is None
-                else flight.follow(flight_folders.path_of(self.nanny.address, pid), pid)
-            )
-            if follower is None:
-                return
-        spans = follower.take()
-        if spans:
-            from dask_otel.distro import mirror
-
-            mirror.recover(self.providers, follower.objects, spans, [])
 
     # -- post-mortem ------------------------------------------------------------------------
 
@@ -396,10 +337,6 @@ class WorkerWatch:
         return wreck
 
     def _post_mortem(self, death: Death, attributes: dict[str, Any]) -> None:
-        follower = self._follower
-        if follower is not None and follower.pid == death.pid:  # the rest is read below
-            self._follower = None
-            follower.close()
         wreck = self._recover(flight_folders.path_of(self.nanny.address, death.pid))
         if self._closed:  # the last worker of this Nanny
             flight_folders.disown(self.folder, self._mark)

@@ -149,7 +149,11 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
             patch.uninstall()
         closing = self._execute.spans.emitter
         attributes = self._execute.static_attributes
-        recorder = self._execute.recorder
+        if self._execute.recorder is not None:
+            from dask_otel.distro import mirror
+
+            mirror.mirror(None)
+            self._execute.recorder.close()  # closed normally: its recorder is deleted
         self._execute = None
         self._identity.cancel()
         budget = self._settings.flush_timeout
@@ -157,11 +161,6 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
             budget = runtime.closing_under_nanny(budget)
         # The last collection still reads this worker: flush first, then let it go.
         await off_loop(drain, closing, self._providers, budget)
-        if recorder is not None:  # after the drain: a Nanny that takes spans gets them all
-            from dask_otel.distro import mirror
-
-            mirror.mirror(None)
-            recorder.close()  # closed normally: nothing left for the Nanny, or only spans
         metrics.forget(self._meter_provider, worker)
         identity.remove_worker(worker.address)
         if "dask.cluster.id" in attributes:  # the scheduler answered: named above

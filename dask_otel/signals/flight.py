@@ -8,10 +8,6 @@ into memory (one per worker process, in a directory its Nanny made):
   numbered, with the newest number its exporters have sent;
 - its identity and OpenTelemetry resources.
 
-Where its Nanny exports them (``otel.nanny.export-spans``), the worker's spans are only
-copied: the Nanny follows the span ring while the worker lives (:class:`Follower`), and
-after it is gone reads what it had not taken yet, as after a death.
-
 Writing is a store into shared memory: no system call, about a microsecond per record,
 under the lock that keeps the copy in the order of the export queue. The pages belong to
 the file, not to the process: whatever kills the worker (SIGKILL, the memory monitor,
@@ -38,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from dask_otel.runtime import report_once
-from dask_otel.signals.flight_folders import SUFFIX, directory, takes_spans
-from dask_otel.signals.flight_ring import Ring, RingContents, RingFollower, read_ring
+from dask_otel.signals.flight_folders import SUFFIX, directory
+from dask_otel.signals.flight_ring import Ring, RingContents, read_ring
 
 logger = logging.getLogger(__name__)
 
@@ -62,18 +58,14 @@ FREE, EXECUTING, FINISHED = 0, 1, 2
 SLOTS = 256
 #: Share of the rings' space that holds spans; log records get the rest.
 SPAN_SHARE = 0.75
-#: A span handed over to the Nanny takes at most 1/HANDED_SHARE of its ring.
-HANDED_SHARE = 64
 
 
 class FlightRecorder:
     """The worker's end: created when a worker of a dask-otel Nanny starts, deleted when
     it closes. Only the worker's process writes; the Nanny reads after it died."""
 
-    def __init__(self, path: Path, size: int, slots: int, hands_over_spans: bool = False) -> None:
+    def __init__(self, path: Path, size: int, slots: int) -> None:
         self.path = path
-        #: Whether its Nanny exports the spans copied here (they are not exported here).
-        self.hands_over_spans = hands_over_spans
         ring_space = size - HEADER_SIZE - META_SIZE - slots * SLOT_SIZE
         if ring_space < 64 * 1024:
             raise ValueError(f"a flight recorder of {size} bytes has no room for its rings")
@@ -91,19 +83,13 @@ class FlightRecorder:
         span_size = int(ring_space * SPAN_SHARE)
         first = HEADER_SIZE + META_SIZE + slots * SLOT_SIZE
         self.spans = Ring(self.buffer, _RING_BLOCKS[0], first, span_size)
-        #: Largest span handed over: a larger one is exported by the worker itself.
-        self.handed_max = span_size // HANDED_SHARE
         self.logs = Ring(self.buffer, _RING_BLOCKS[1], first + span_size, ring_space - span_size)
         #: Keeps the copies in the order of the export queues (see :mod:`dask_otel.distro.sdk`).
         self.lock = threading.Lock()
         self._free = list(range(slots - 1, -1, -1))
         #: Attempts that found no free slot (more tasks executing than slots).
         self.unrecorded = 0
-        self._meta: dict[str, Any] = {
-            "identity": {},
-            "objects": [],
-            "hands_over_spans": hands_over_spans,
-        }
+        self._meta: dict[str, Any] = {"identity": {}, "objects": []}
         self._numbers: dict[int, int] = {}
         self._objects: list[Any] = []  # numbered objects stay alive: ids are not reused
         self._pairs: dict[tuple[int, int], tuple[int, int]] = {}
@@ -182,17 +168,14 @@ class FlightRecorder:
         return self._copy(self.logs, resource, scope, values)
 
     def _copy(self, ring: Ring, resource: Any, scope: Any, values: tuple) -> int | None:
-        """Append a record (None if it cannot be copied, or, for a span handed over, is
-        too large to hand over); never raises into the code that ended a span or logged."""
+        """Append a record (None if it cannot be copied); never raises into the code that
+        ended a span or logged."""
         try:
-            payload = marshal.dumps(values)
-            if self.hands_over_spans and ring is self.spans and len(payload) > self.handed_max:
-                return None  # a span the size of many: not worth others overwritten
             numbers = self._pairs.get((id(resource), id(scope)))
             if numbers is None:
                 numbers = (self._number(resource, _resource), self._number(scope, _scope))
                 self._pairs[id(resource), id(scope)] = numbers
-            return ring.append(payload, *numbers)
+            return ring.append(marshal.dumps(values), *numbers)
         except ValueError:  # a value marshal cannot write (not an OTel attribute type)
             return None
         except Exception:
@@ -200,15 +183,8 @@ class FlightRecorder:
             return None
 
     def close(self) -> None:
-        """The worker closed normally: nothing for the Nanny to read, unless it takes the
-        spans (it reads the last of them once the process is gone, and deletes the file;
-        the log records are the worker's to export, as they would be without a file).
-        The mapping stays until nothing refers to it: a thread still ending a span writes
-        into it unharmed."""
-        if self.hands_over_spans:
-            with self.lock:
-                self.logs.note_exported(self.logs.appended)
-            return
+        """The worker closed normally: nothing for the Nanny to read. The mapping stays
+        until nothing refers to it: a thread still ending a span writes into it unharmed."""
         with contextlib.suppress(OSError):
             self.path.unlink()
 
@@ -282,7 +258,8 @@ def read(path: Path) -> Wreck | None:
     magic, pid, slots, slot_size, meta_size = _HEADER.unpack_from(data, 0)
     if magic != MAGIC:
         return None
-    meta = _read_meta(data)
+    (length,) = _META_LENGTH.unpack_from(data, HEADER_SIZE)
+    meta = marshal.loads(data[HEADER_SIZE + 4 : HEADER_SIZE + 4 + length]) if length else {}
     attempts = []
     for slot in range(slots):
         start = HEADER_SIZE + meta_size + slot * slot_size
@@ -297,61 +274,6 @@ def read(path: Path) -> Wreck | None:
     return wreck
 
 
-class Follower:
-    """The Nanny's end of a live worker that hands its spans over: the records it
-    copied since the last :meth:`take`, and the resources and scopes they number."""
-
-    def __init__(self, path: Path, pid: int) -> None:
-        self.pid = pid
-        with open(path, "r+b") as file:
-            self.buffer = mmap.mmap(file.fileno(), 0)
-        self.spans = RingFollower(self.buffer, _RING_BLOCKS[0])
-        #: Resources and scopes, by the numbers records refer to them with.
-        self.objects: list[tuple] = []
-
-    def close(self) -> None:
-        self.buffer.close()
-
-    def take(self) -> list[tuple]:
-        """((resource, scope), values) of the spans copied since the last call."""
-        records = self.spans.take()
-        if records and max(max(numbers) for _, numbers, _ in records) >= len(self.objects):
-            objects = _read_meta(self.buffer).get("objects", [])
-            if len(objects) > len(self.objects):  # (not a read of the meta being rewritten)
-                self.objects = objects
-        taken = []
-        for _, numbers, payload in records:
-            try:
-                taken.append((numbers, marshal.loads(payload)))
-            except (EOFError, ValueError, TypeError):  # not a record: a torn write
-                continue
-        return [(n, v) for n, v in taken if max(n) < len(self.objects)]
-
-
-def follow(path: Path, pid: int) -> Follower | None:
-    """A :class:`Follower` of the recorder at ``path`` if its worker hands its spans
-    over; None otherwise (not there yet, or the worker exports them itself)."""
-    try:
-        follower = Follower(path, pid)
-    except (OSError, ValueError):
-        return None
-    magic = _HEADER.unpack_from(follower.buffer, 0)[0]
-    if magic != MAGIC or not _read_meta(follower.buffer).get("hands_over_spans"):
-        follower.close()
-        return None
-    return follower
-
-
-def _read_meta(buffer: bytes | mmap.mmap) -> dict[str, Any]:
-    (length,) = _META_LENGTH.unpack_from(buffer, HEADER_SIZE)
-    if not length or length > META_SIZE:
-        return {}
-    try:
-        return marshal.loads(buffer[HEADER_SIZE + 4 : HEADER_SIZE + 4 + length])
-    except (EOFError, ValueError, TypeError):  # being rewritten
-        return {}
-
-
 def open_for(worker: Any, size: int) -> FlightRecorder | None:
     """A flight recorder for ``worker`` if its Nanny runs dask-otel (it made the directory),
     for the worker to copy its export queues to (``dask_otel.distro.mirror.mirror``); None
@@ -363,9 +285,8 @@ def open_for(worker: Any, size: int) -> FlightRecorder | None:
     if not folder.is_dir():
         return None
     slots = max(SLOTS, 2 * worker.state.nthreads)
-    path = folder / f"{os.getpid()}{SUFFIX}"
     try:
-        recorder = FlightRecorder(path, size, slots, takes_spans(folder))
+        recorder = FlightRecorder(folder / f"{os.getpid()}{SUFFIX}", size, slots)
     except (OSError, ValueError) as e:
         logger.warning("dask-otel: no flight recorder for this worker: %r", e)
         return None

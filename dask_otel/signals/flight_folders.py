@@ -62,25 +62,6 @@ def own(folder: Path) -> str:
     return mark
 
 
-#: In a Nanny's directory while it exports its workers' spans (``otel.nanny.export-spans``).
-TAKES_SPANS = "takes-spans"
-
-
-def offer_to_take_spans(folder: Path, offered: bool) -> None:
-    """Say (or stop saying) that the Nanny of ``folder`` exports its workers' spans: a
-    worker started from then on hands them over (the recorder says which it does)."""
-    marker = folder / TAKES_SPANS
-    with contextlib.suppress(OSError):
-        if offered:
-            marker.touch()
-        else:
-            marker.unlink()
-
-
-def takes_spans(folder: Path) -> bool:
-    return (folder / TAKES_SPANS).exists()
-
-
 def mark_of(folder: Path) -> str | None:
     try:
         return (folder / OWNER).read_text()
