@@ -107,9 +107,12 @@ def _observe_dropped(options: CallbackOptions) -> list[Observation]:
 
 def _forget_parent() -> None:
     """In a forked child: the lock is free (a thread of the parent may have held it at the
-    fork, reading the counts, and is not here)."""
-    global _dropped_lock
+    fork, reading the counts, and is not here), and the parent's losses are the parent's
+    to count and say."""
+    global _dropped_lock, _dropped
     _dropped_lock = threading.Lock()
+    _dropped = Counter()
+    warned.clear()
 
 
 runtime.forget_in_child(_forget_parent)

@@ -33,6 +33,7 @@ from opentelemetry.context import (
 )
 
 from dask_otel import runtime
+from dask_otel.distro.connections import close_inherited
 from dask_otel.distro.drops import NOUNS, count_dropped, dropped, warn_dropped
 from dask_otel.runtime import report_once, start_daemon
 
@@ -352,6 +353,7 @@ class ExportQueue:
         self._changed = threading.Condition(self._lock)
         self._thread = None  # the next item starts one
         self._holds_at_start = runtime.metric_demand.holds
+        close_inherited(self.exporter)
 
 
 #: Every export queue of this process: forgotten after fork, counted at exit.

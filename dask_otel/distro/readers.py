@@ -28,6 +28,7 @@ from typing import Any
 from opentelemetry.sdk.metrics.export import MetricExportResult, PeriodicExportingMetricReader
 
 from dask_otel import runtime
+from dask_otel.distro.connections import close_inherited
 from dask_otel.runtime import report_once, start_daemon
 
 logger = logging.getLogger(__name__)
@@ -101,9 +102,10 @@ class OnDemandReader(PeriodicExportingMetricReader):
         super().shutdown(timeout_millis=timeout_millis, **kwargs)
 
     def _forget_parent(self) -> None:
-        """In a forked child: the parent's thread is not here."""
+        """In a forked child: the parent's thread is not here, nor are its connections."""
         self._run_lock = threading.Lock()
         self._ticking = None
+        close_inherited(self._exporter)
         self.run(runtime.metric_demand.wanted())
 
 
