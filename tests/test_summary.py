@@ -270,3 +270,42 @@ def test_what_the_exporters_lost_is_reported(tmp_path):
     request = {"resourceMetrics": [{"scopeMetrics": [{"metrics": [metric]}]}]}
     (tmp_path / "metrics-worker-1.jsonl").write_text(json.dumps(request) + "\n")
     assert "the exporters said they lost 219 spans (export failed)" in text(tmp_path)
+
+
+def test_computations_the_cluster_did_not_answer_are_gaps(tmp_path):
+    """The client exported its ``compute`` spans; the scheduler and workers exported
+    nothing (pointed elsewhere): not 'none found'."""
+    provider = TracerProvider(resource=Resource({"service.name": "dask-client"}))
+    provider.add_span_processor(
+        SimpleSpanProcessor(FileSpanExporter(tmp_path / "traces-client-1.jsonl"))
+    )
+    tracer = provider.get_tracer("dask_otel")
+    for name in ("compute inc", "compute inc", "compute sum"):
+        tracer.start_span(name).end()
+    answered = tracer.start_span("compute mean")
+    answered.end()
+    halfway = tracer.start_span("compute max")
+    halfway.end()
+    provider.shutdown()
+    provider = TracerProvider(resource=Resource({"service.name": "dask-scheduler"}))
+    provider.add_span_processor(
+        SimpleSpanProcessor(FileSpanExporter(tmp_path / "traces-scheduler-1.jsonl"))
+    )
+    parent = trace.set_span_in_context(trace.NonRecordingSpan(answered.get_span_context()))
+    provider.get_tracer("dask_otel").start_span("graph", parent).end()
+    provider.shutdown()
+    worker = TracerProvider(resource=Resource({"service.name": "dask-worker"}))
+    worker.add_span_processor(
+        SimpleSpanProcessor(FileSpanExporter(tmp_path / "traces-worker-1.jsonl"))
+    )
+    parent = trace.set_span_in_context(trace.NonRecordingSpan(halfway.get_span_context()))
+    worker.get_tracer("dask_otel").start_span("task max", parent).end()
+    worker.shutdown()
+    out = text(tmp_path)
+    assert "Gaps in the recording: none found" not in out
+    assert (
+        "- 3 computation(s) have no spans from the cluster (compute inc x2, compute sum): "
+        "is it exporting, and to where the client does?"
+    ) in out
+    assert "- 1 computation(s) have no graph span from the scheduler (compute max)" in out
+    assert "compute mean" not in out.split("Gaps in the recording")[1]

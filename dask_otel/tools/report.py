@@ -38,6 +38,13 @@ def _moved(tally: list[float]) -> str:
     return f"{int(tally[0])} / {_mb(tally[1])}" if tally[0] else "-"
 
 
+def _names(names: list[str]) -> str:
+    """The most common of ``names``, for a finding's parenthesis."""
+    counted = Counter(names).most_common(3)
+    more = ", ..." if len(set(names)) > 3 else ""
+    return ", ".join(f"{name} x{n}" if n > 1 else name for name, n in counted) + more
+
+
 def _when(nanoseconds: int) -> str:
     moment = datetime.fromtimestamp(nanoseconds / 1e9, timezone.utc)
     return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
@@ -185,6 +192,17 @@ class _Report:
     def missing(self) -> None:
         s, w = self.s, self.w
         findings = []
+        silent, partial = s.unanswered()
+        if silent:
+            findings.append(
+                f"{len(silent)} computation(s) have no spans from the cluster "
+                f"({_names(silent)}): is it exporting, and to where the client does?"
+            )
+        if partial:
+            findings.append(
+                f"{len(partial)} computation(s) have no graph span from the scheduler "
+                f"({_names(partial)}): is it exporting, and to where the client does?"
+            )
         unseen = {
             key: task.counted - task.attempts
             for (_, key), task in s.tasks.items()

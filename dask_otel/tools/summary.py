@@ -37,6 +37,11 @@ MAX_ROWS = 8
 MAX_SKIPPED = 5
 #: Severity numbers from ERROR up.
 _ERROR_SEVERITY = 17
+#: Spans only a scheduler, worker or Nanny makes: a trace with none of them got nothing
+#: from the cluster.
+_CLUSTER_OPERATIONS = frozenset(
+    ("graph", "task", "attempt", "execute", "transfer", "get_data", "spill", "unspill", "died")
+)
 
 
 class SummaryError(Exception):
@@ -103,6 +108,8 @@ class _Trace:
     start: int = 0
     end: int = 0
     spans: int = 0
+    #: Spans from the cluster's processes (see _CLUSTER_OPERATIONS).
+    cluster_spans: int = 0
     #: task prefix -> attempt intervals (start, end), for the waterfall
     groups: dict[str, list[tuple[int, int]]] = field(default_factory=lambda: defaultdict(list))
 
@@ -145,6 +152,10 @@ class Summary:
     #: Spans and log records that arrived more than once, counted once.
     duplicates: Counter[str] = field(default_factory=Counter)
     parents: list[tuple[str, str]] = field(default_factory=list)
+    #: Submissions the client traced: (trace, ``compute`` span id) -> its name.
+    computations: dict[tuple[str, str], str] = field(default_factory=dict)
+    #: Parents of ``graph`` spans: the computations the scheduler answered.
+    answered: set[tuple[str, str]] = field(default_factory=set)
     deaths: post_mortem.Deaths = field(default_factory=post_mortem.Deaths)
 
     def skip(self, problem: str) -> None:
@@ -180,9 +191,14 @@ class Summary:
         trace.end = max(trace.end, span.end)
         if not span.parent:
             trace.root, trace.root_role = span.name, span.role
+        operation = span.operation
+        trace.cluster_spans += operation in _CLUSTER_OPERATIONS
+        if operation == "compute" and not span.error:  # a failed submission has no graph
+            self.computations[span.trace, span.span_id] = span.name
+        elif operation == "graph":
+            self.answered.add((span.trace, span.parent))
         if span.key:
             self._add_task_span(span, trace)
-        operation = span.operation
         if operation in ("transfer", "get_data", "spill", "unspill") and span.worker:
             self._add_movement(span)
 
@@ -277,6 +293,17 @@ class Summary:
              if task.failed and not task.erred_by),
             key=lambda f: f[2].exception_rank[1],
         )  # fmt: skip
+
+    def unanswered(self) -> tuple[list[str], list[str]]:
+        """Names of the computations with no ``graph`` span: those whose trace has no span
+        from the cluster at all, and the others."""
+        silent: list[str] = []
+        partial: list[str] = []
+        for (trace, span_id), name in self.computations.items():
+            if (trace, span_id) not in self.answered:
+                heard = self.traces[trace].cluster_spans
+                (partial if heard else silent).append(name)
+        return silent, partial
 
     def orphans(self) -> int:
         """Spans whose parent is not in the recording."""
