@@ -25,6 +25,7 @@ from wrapt import wrap_function_wrapper
 
 from dask_otel import runtime
 from dask_otel.config import Settings
+from dask_otel.plugins import unanswered
 from dask_otel.plugins.activation import activate
 from dask_otel.runtime import report_once
 from dask_otel.spans import errors, ids, naming
@@ -156,7 +157,10 @@ def _start_span(client: Any, args: Any, kwargs: Any) -> tuple[trace.Span, Settin
         .tracer()
         .start_span(f"compute {name or 'graph'}", kind=SpanKind.PRODUCER, attributes=attributes)
     )
-    return (span, settings) if span.get_span_context().is_valid else None
+    if not span.get_span_context().is_valid:
+        return None
+    unanswered.watch(client)
+    return span, settings
 
 
 def _open(client: Any) -> bool:
