@@ -1,0 +1,251 @@
+"""What the real backends make of dask-otel's telemetry, asked through their own APIs.
+
+Jaeger v2 (its UI's API: traces after its adjusters, with the warnings a user sees),
+the OpenTelemetry Collector run with collector-config.yaml, Prometheus with its OTLP
+receiver and VictoriaLogs, fed by a cluster whose every role is a host of its own
+(conftest.py). Run with ``python -m pytest -m backends tests/backends`` as root.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from typing import Any
+
+import pytest
+from recording import SAMPLED_PERCENTAGE, Recording
+from test_stack_config import prometheus_names
+
+from dask_otel.signals.instruments import INSTRUMENTS
+
+pytestmark = [pytest.mark.backends, pytest.mark.e2e]
+
+Span = dict[str, Any]
+Trace = dict[str, Any]
+
+
+def tags(item: Span | dict[str, Any]) -> dict[str, Any]:
+    return {tag["key"]: tag["value"] for tag in item.get("tags", [])}
+
+
+def process_tags(trace: Trace, span: Span) -> dict[str, Any]:
+    return tags(trace["processes"][span["processID"]])
+
+
+def service(trace: Trace, span: Span) -> str:
+    return trace["processes"][span["processID"]]["serviceName"]
+
+
+def parent_id(span: Span) -> str | None:
+    for ref in span.get("references", []):
+        if ref["refType"] == "CHILD_OF":
+            return ref["spanID"]
+    return None
+
+
+def all_spans(traces: dict[str, Trace]) -> list[tuple[Trace, Span]]:
+    return [(trace, span) for trace in traces.values() for span in trace["spans"]]
+
+
+def roots(trace: Trace) -> list[Span]:
+    ids = {span["spanID"] for span in trace["spans"]}
+    return [span for span in trace["spans"] if parent_id(span) not in ids]
+
+
+def by_name(traces: dict[str, Trace], pattern: str) -> list[tuple[Trace, Span]]:
+    return [(t, s) for t, s in all_spans(traces) if re.fullmatch(pattern, s["operationName"])]
+
+
+def test_the_job_ran(recording: Recording) -> None:
+    outcome = recording.outcome
+    assert outcome["retried"] == 2
+    assert outcome["failed"] == "cannot process 2"
+    assert outcome["killed_worker"] == "KilledWorker"
+    assert outcome["p2p_rechunk"] == 2000 * 2000
+    assert outcome["user_span"] == [sum(range(1000)), sum(i * i for i in range(8))]
+
+
+def test_each_computation_is_one_trace_with_one_root(recording: Recording) -> None:
+    for trace in recording.traces.values():
+        names = [span["operationName"] for span in roots(trace)]
+        assert len(names) == 1, f"trace {trace['traceID']} has roots {names}"
+    root_names = Counter(
+        roots(trace)[0]["operationName"] for trace in recording.traces.values()
+    )
+    for name in ("compute flaky", "compute fail_for_good", "compute hog_memory"):
+        assert root_names[name] == 1, root_names
+    user = recording.traces[recording.outcome["user_trace_id"]]
+    assert roots(user)[0]["operationName"] == "nightly report"
+    computes = [s["operationName"] for s in user["spans"] if s["operationName"].startswith("compute")]
+    assert sorted(computes) == ["compute log_inside", "compute sum"], computes
+
+
+def test_spans_come_from_every_host(recording: Recording) -> None:
+    hosts = defaultdict(set)
+    for trace, span in all_spans(recording.traces):
+        hosts[process_tags(trace, span).get("host.name")].add(service(trace, span))
+    assert {"client", "scheduler", "worker-a", "worker-b"} <= set(hosts), dict(hosts)
+    assert hosts["client"] == {"dask-client"}
+    assert hosts["scheduler"] == {"dask-scheduler"}
+
+
+def test_jaeger_has_no_warnings(recording: Recording) -> None:
+    warned = [
+        (span["operationName"], service(trace, span), span["warnings"])
+        for trace, span in all_spans(recording.traces)
+        if span.get("warnings")
+    ]
+    trace_warnings = [t["warnings"] for t in recording.traces.values() if t.get("warnings")]
+    assert not warned, f"{len(warned)} spans with warnings, e.g. {warned[:5]}"
+    assert not trace_warnings
+
+
+def test_every_child_lies_within_its_parent(recording: Recording) -> None:
+    outside = []
+    for trace in recording.traces.values():
+        spans = {span["spanID"]: span for span in trace["spans"]}
+        for span in trace["spans"]:
+            parent = spans.get(parent_id(span) or "")
+            if parent is None:
+                continue
+            start, end = span["startTime"], span["startTime"] + span["duration"]
+            p_start, p_end = parent["startTime"], parent["startTime"] + parent["duration"]
+            if start < p_start or end > p_end:
+                outside.append(
+                    f"{span['operationName']} ({service(trace, span)}) under "
+                    f"{parent['operationName']}: {start - p_start} us after its start, "
+                    f"{end - p_end} us after its end"
+                )
+    assert not outside, f"{len(outside)} children outside their parents: {outside[:8]}"
+
+
+def test_one_service_name_per_process(recording: Recording) -> None:
+    names = defaultdict(set)
+    for trace, span in all_spans(recording.traces):
+        instance = process_tags(trace, span)["service.instance.id"]
+        names[instance].add(service(trace, span))
+    several = {instance: found for instance, found in names.items() if len(found) > 1}
+    assert not several
+    assert not any(
+        name.startswith("unknown_service") for found in names.values() for name in found
+    )
+
+
+KINDS = {
+    r"compute .+": "producer",
+    r"graph": "consumer",
+    r"task .+": "internal",
+    r"attempt .+": "internal",
+    r"transfer": "client",
+    r"get_data": "server",
+    r"(spill|unspill) .+": "internal",
+    r"died .+": "internal",
+}
+
+
+def test_span_kinds_follow_the_contract(recording: Recording) -> None:
+    wrong = []
+    for pattern, kind in KINDS.items():
+        for trace, span in by_name(recording.traces, pattern):
+            if tags(span).get("span.kind") != kind:
+                wrong.append((span["operationName"], tags(span).get("span.kind")))
+    assert not wrong, wrong[:10]
+
+
+def test_data_movement_and_spilling_are_spans(recording: Recording) -> None:
+    for pattern in (r"transfer", r"get_data", r"spill .+", r"unspill .+"):
+        assert by_name(recording.traces, pattern), f"no {pattern} span"
+    for _trace, span in by_name(recording.traces, r"transfer"):
+        assert {"dask.peer.address", "dask.transfer.bytes"} <= set(tags(span))
+
+
+def test_failures_are_errors_where_they_happened(recording: Recording) -> None:
+    def errors(pattern: str) -> list[tuple[Trace, Span]]:
+        return [
+            (t, s)
+            for t, s in by_name(recording.traces, pattern)
+            if tags(s).get("otel.status_code") == "ERROR"
+        ]
+
+    flaky = [t for t in recording.traces.values() if roots(t)[0]["operationName"] == "compute flaky"]
+    failed_attempts = [s for s in flaky[0]["spans"] if s["operationName"] == "attempt flaky"]
+    assert len(failed_attempts) == 1 and tags(failed_attempts[0])["otel.status_code"] == "ERROR"
+    assert any(tags(s).get("error.type") == "ValueError" for _, s in errors(r"task fail_for_good"))
+    killed = errors(r"task hog_memory")
+    assert killed and tags(killed[0][1])["error.type"] == "KilledWorker"
+    assert len(by_name(recording.traces, r"attempt hog_memory")) == 2
+    died = by_name(recording.traces, r"died hog_memory")
+    assert died and all(service(t, s) == "dask-nanny" for t, s in died)
+
+
+def test_every_attribute_names_the_cluster(recording: Recording) -> None:
+    clusters = {tags(s).get("dask.cluster.id") for _, s in by_name(recording.traces, r"graph")}
+    assert len(clusters) == 1 and None not in clusters
+
+
+def test_the_collector_refused_nothing(recording: Recording) -> None:
+    for text in recording.collector_metrics:
+        accepted = defaultdict(float)
+        for line in text.splitlines():
+            if line.startswith("otelcol_receiver_refused_"):
+                assert float(line.rsplit(" ", 1)[1]) == 0, line
+            match = re.match(r'otelcol_receiver_accepted_\w+\{.*transport="(\w+)".*\} (\S+)', line)
+            if match:
+                accepted[match[1]] += float(match[2])
+        assert accepted["grpc"] > 0 and accepted["http"] > 0, dict(accepted)
+
+
+def test_tail_sampling_keeps_errors_and_a_share_of_the_rest(recording: Recording) -> None:
+    kept = Counter(roots(t)[0]["operationName"] for t in recording.probe_traces.values())
+    assert kept["compute sampling_probe_error"] == 3, kept
+    # 40 traces kept with probability 1/2 each: outside [8, 32] with probability < 1e-4.
+    assert SAMPLED_PERCENTAGE == 50
+    assert 8 <= kept["compute sampling_probe"] <= 32, kept
+
+
+def test_span_metrics_reach_prometheus(recording: Recording) -> None:
+    calls = recording.prometheus('traces_span_metrics_calls_total{span_name="task flaky"}')
+    assert calls, "no span metrics for `task flaky`"
+
+
+#: Instruments the job must have fed (others need gilknocker, semaphores, adaptivity...).
+EXPECTED_METRICS = (
+    "dask.scheduler.workers",
+    "dask.scheduler.tasks",
+    "dask.task.duration",
+    "dask.task.finished",
+    "dask.worker.memory",
+    "dask.worker.spill.size",
+    "dask.worker.transfer.count",
+    "dask.nanny.worker.memory",
+)
+
+
+@pytest.mark.parametrize("instrument", EXPECTED_METRICS)
+def test_prometheus_has_the_metrics_readme_lists(recording: Recording, instrument: str) -> None:
+    for series in sorted(prometheus_names(instrument, INSTRUMENTS[instrument])):
+        result = recording.prometheus(f"count by (dask_cluster_id) ({series})")
+        assert result, f"{series} is not in Prometheus"
+        assert len(result) == 1 and result[0]["metric"].get("dask_cluster_id"), result
+
+
+def test_prometheus_has_no_dask_series_readme_does_not_list(recording: Recording) -> None:
+    listed = {s for n, i in INSTRUMENTS.items() for s in prometheus_names(n, i)}
+    names = recording.prometheus('count by (__name__) ({__name__=~"dask_.*"})')
+    stored = {r["metric"]["__name__"] for r in names}
+    assert stored and stored <= listed, sorted(stored - listed)
+
+
+def test_logs_from_tasks_point_at_spans_in_jaeger(recording: Recording) -> None:
+    records = recording.logs('"inside task"')
+    assert len(records) == 8, records[:3]
+    user = recording.traces[recording.outcome["user_trace_id"]]
+    span_ids = {span["spanID"] for span in user["spans"]}
+    for record in records:
+        assert record["trace_id"] == recording.outcome["user_trace_id"], record
+        assert record["span_id"] in span_ids, record
+
+
+def test_the_dead_workers_post_mortem_is_in_the_log_store(recording: Recording) -> None:
+    records = recording.logs('"hog_memory"')
+    assert any(r.get("service.name") == "dask-nanny" for r in records), records[:5]
