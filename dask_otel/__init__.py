@@ -32,6 +32,7 @@ from dask_otel.runtime import PLUGIN_NAME, say_once
 from dask_otel.version import __version__
 
 __all__ = [
+    "ConfigError",
     "DaskInstrumentor",
     "DaskOtelNannyPlugin",
     "DaskOtelSchedulerPlugin",
@@ -45,6 +46,7 @@ __all__ = [
 #: What this package exports from modules that import ``distributed``, by module:
 #: imported when first used, so that importing the instrumentor does not import Dask.
 _LAZY = {
+    "ConfigError": "dask_otel.config",
     "DaskOtelNannyPlugin": "dask_otel.plugins.nanny",
     "DaskOtelSchedulerPlugin": "dask_otel.plugins.scheduler",
     "DaskOtelWorkerPlugin": "dask_otel.plugins.worker",

@@ -78,26 +78,32 @@ def _get(key: str) -> object:
     return dask.config.get(f"otel.{key}")
 
 
+def _bad(key: str, requirement: str, value: object, hint: str = "") -> ConfigError:
+    """The error for a value of ``otel.<key>`` that dask-otel cannot use, and where it
+    was set."""
+    return ConfigError(f"otel.{key} {requirement}, got {value!r}{_origin(f'otel.{key}')}{hint}")
+
+
 def _bool(key: str) -> bool:
     value = _get(key)
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.lower() in ("true", "false"):
         return value.lower() == "true"
-    raise ConfigError(f"otel.{key} must be true or false, got {value!r}")
+    raise _bad(key, "must be true or false", value)
 
 
 def _count(key: str, minimum: int) -> int:
     value = _get(key)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"otel.{key} must be an integer >= {minimum}, got {value!r}")
+        raise _bad(key, f"must be an integer >= {minimum}", value)
     return value
 
 
 def _ratio(key: str) -> float:
     value = _get(key)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        raise ConfigError(f"otel.{key} must be a number from 0 to 1, got {value!r}")
+        raise _bad(key, "must be a number from 0 to 1", value)
     return float(value)
 
 
@@ -106,11 +112,9 @@ def _seconds(key: str) -> float:
     try:
         seconds = parse_timedelta(value, default="seconds")
     except Exception as e:  # parse_timedelta raises many types for bad input
-        raise ConfigError(
-            f"otel.{key} must be a duration such as '5s' or 2.5, got {value!r}"
-        ) from e
+        raise _bad(key, "must be a duration such as '5s' or 2.5", value) from e
     if seconds is None or seconds < 0:
-        raise ConfigError(f"otel.{key} must be a non-negative duration, got {value!r}")
+        raise _bad(key, "must be a non-negative duration", value)
     return seconds
 
 
@@ -122,13 +126,11 @@ def _bytes(key: str, minimum: int) -> int:
     try:
         size = parse_bytes(value) if isinstance(value, str) else value
     except ValueError as e:
-        raise ConfigError(f"otel.{key} must be a size such as '4MiB', or 0, got {value!r}") from e
+        raise _bad(key, "must be a size such as '4MiB', or 0", value) from e
     if size == 0:
         return 0
     if isinstance(size, bool) or not isinstance(size, int) or size < minimum:
-        raise ConfigError(
-            f"otel.{key} must be 0 or a size of at least {format_bytes(minimum)}, got {value!r}"
-        )
+        raise _bad(key, f"must be 0 or a size of at least {format_bytes(minimum)}", value)
     return size
 
 
@@ -138,23 +140,21 @@ def _choice(key: str, choices: tuple[str, ...]) -> str:
         return value  # type: ignore[return-value]
     close = difflib.get_close_matches(str(value), choices, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise ConfigError(f"otel.{key} must be one of {', '.join(choices)}, got {value!r}{hint}")
+    raise _bad(key, f"must be one of {', '.join(choices)}", value, hint)
 
 
 def _level(key: str) -> int:
     value = _get(key)
     level = logging.getLevelName(str(value).upper()) if isinstance(value, str) else value
     if isinstance(level, bool) or not isinstance(level, int):
-        raise ConfigError(
-            f"otel.{key} must be a logging level such as INFO or WARNING, got {value!r}"
-        )
+        raise _bad(key, "must be a logging level such as INFO or WARNING", value)
     return level
 
 
 def _names(key: str) -> tuple[str, ...]:
     value = _get(key)
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(f"otel.{key} must be a list of names, got {value!r}")
+        raise _bad(key, "must be a list of names", value)
     return tuple(value)
 
 
@@ -174,10 +174,34 @@ KEYS = tuple(_leaves(DEFAULTS["otel"], "otel"))
 
 
 def _origin(key: str) -> str:
-    """Where a key was set, when an environment variable set it."""
+    """Where a key was set: its environment variable, else the last of Dask's YAML files
+    that sets it (Dask's order: later ones win); nothing when code set it."""
     variable = "DASK_" + key.upper().replace(".", "__").replace("-", "_")
     value = os.environ.get(variable)
-    return f" (from {variable}={value})" if value is not None else ""
+    if value is not None:
+        return f" (from {variable}={value})"
+    files = [path for path, tree in _config_files() if _sets(tree, key.split("."))]
+    return f" (from {files[-1]})" if files else ""
+
+
+def _config_files() -> Iterator[tuple[pathlib.Path, dict[str, Any]]]:
+    """Dask's YAML config files and what each holds; none if they cannot be read again."""
+    try:
+        yield from dask.config.collect_yaml(dask.config.paths, return_paths=True)
+    except Exception:  # a file that changed since Dask read it names no origin
+        return
+
+
+def _sets(tree: object, parts: list[str]) -> bool:
+    """Whether the nested mapping ``tree`` has the key ``parts`` (``_`` and ``-`` alike)."""
+    for part in parts:
+        if not isinstance(tree, dict):
+            return False
+        found = {_canonical(k): v for k, v in tree.items()}
+        if _canonical(part) not in found:
+            return False
+        tree = found[_canonical(part)]
+    return True
 
 
 def _unknown(key: str, value: object, section: dict[str, Any]) -> str:

@@ -306,3 +306,32 @@ def test_keys_with_underscores_are_the_same_keys():
     with dask.config.set({"otel.task.max_events": 3, "otel.flush_timeout": "2s"}):
         settings = load_settings()
     assert (settings.max_task_events, settings.flush_timeout) == (3, 2.0)
+
+
+@pytest.mark.parametrize("where", ["variable", "YAML file"])
+def test_bad_values_say_where_they_were_set(tmp_path, where):
+    """The variable, or the YAML file (the last of Dask's that sets the key); an unknown
+    key likewise."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DASK_", "OTEL_"))}
+    env["DASK_CONFIG"] = str(tmp_path)
+    (tmp_path / "a.yaml").write_text("otel:\n  task:\n    max-events: 3\n")
+    if where == "variable":
+        env["DASK_OTEL__TASK__MAX_EVENTS"] = "-1"
+        env["DASK_OTEL__TASK__COLOUR"] = "'blue'"
+        origin = ["(from DASK_OTEL__TASK__MAX_EVENTS=-1)", "(from DASK_OTEL__TASK__COLOUR='blue')"]
+    else:
+        (tmp_path / "b.yaml").write_text("otel:\n  task:\n    max_events: -1\n    colour: blue\n")
+        origin = [f"(from {tmp_path / 'b.yaml'})"] * 2
+    code = "from dask_otel.config import load_settings\nload_settings()\n"
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    error = out.stderr.strip().splitlines()[-1]
+    assert f"otel.task.max-events must be an integer >= 0, got -1 {origin[0]}" in error, error
+    assert f"otel.task.colour = 'blue' {origin[1]} is not a dask-otel setting" in error, error
+
+
+def test_dask_otel_exports_config_error():
+    from dask_otel import ConfigError as Exported
+
+    assert Exported is ConfigError

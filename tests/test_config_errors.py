@@ -70,7 +70,7 @@ INSTRUMENT = [bin_path("opentelemetry-instrument")]
 )  # fmt: skip
 @pytest.mark.parametrize(
     ("variable", "message"),
-    [("DASK_OTEL__TASK__MAX_EVENTS=-1", MAX_EVENTS),
+    [("DASK_OTEL__TASK__MAX_EVENTS=-1", f"{MAX_EVENTS} (from DASK_OTEL__TASK__MAX_EVENTS=-1)"),
      ("DASK_OTEL__TASK__MAX_SPAN_PER_GRAPH=5", MISSPELT)],
     ids=["bad-value", "misspelt-key"],
 )  # fmt: skip
@@ -110,6 +110,35 @@ def test_under_opentelemetry_instrument_the_client_says_so_on_stderr(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[0] == "[1, 2, 3]"
     assert problem_lines(out.stderr) == [f"dask-otel: {MAX_EVENTS}. This client runs untraced."]
+
+
+LOCAL_CLUSTER = """
+    import dask_otel
+    from distributed import LocalCluster
+
+    try:
+        LocalCluster(n_workers=1, processes=False, dashboard_address="127.0.0.1:0")
+    except RuntimeError as e:
+        chain = [e]
+        while chain[-1].__cause__ is not None:
+            chain.append(chain[-1].__cause__)
+        print(str(e))
+        print(" ".join(str(c) for c in chain if isinstance(c, dask_otel.ConfigError)))
+"""
+
+
+def test_a_local_cluster_fails_with_a_config_error(tmp_path):
+    """What README says a script starting a ``LocalCluster`` (dask-otel preloaded through
+    Dask's config) gets: Dask's RuntimeError, caused by dask-otel's ConfigError."""
+    preload = "DASK_DISTRIBUTED__SCHEDULER__PRELOAD"
+    env = clean_env(**{preload: '["dask_otel"]', "DASK_OTEL__TASK__MAX_EVENTS": "-1"})
+    out = run([sys.executable, "-c", textwrap.dedent(LOCAL_CLUSTER)], env, tmp_path)
+    assert out.returncode == 0, out.stderr
+    failed, cause = out.stdout.splitlines()
+    assert failed.startswith("Cluster failed to start"), out.stdout
+    assert cause == f"{MAX_EVENTS} (from DASK_OTEL__TASK__MAX_EVENTS=-1)", out.stdout
+    said = f"dask-otel: {MAX_EVENTS} (from DASK_OTEL__TASK__MAX_EVENTS=-1). This scheduler does"
+    assert said in out.stderr
 
 
 def test_a_running_cluster_with_bad_settings_runs_on_untraced(tmp_path, processes):

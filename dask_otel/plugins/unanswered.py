@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from dask_otel import runtime
+from dask_otel.plugins.activation import settings_problem
 from dask_otel.runtime import PLUGIN_NAME, say_once
 
 logger = logging.getLogger(__name__)
@@ -70,11 +71,14 @@ async def graph_spans_problem(dask_scheduler: Any) -> str | None:
     """Runs on the scheduler: why its ``graph`` spans do not leave, or None when they do
     (or when it cannot tell: dask-otel does not export here itself)."""
     scheduler = f"the scheduler at {dask_scheduler.address}"
-    if PLUGIN_NAME not in dask_scheduler.plugins:
+    plugin = dask_scheduler.plugins.get(PLUGIN_NAME)
+    if plugin is None:
         return (
             f"{scheduler} runs no dask-otel (start it under opentelemetry-instrument or "
             "with --preload dask_otel, or call dask_otel.instrument(client))"
         )
+    if plugin.settings is None:  # off; settings it cannot use were said where it started
+        return None if settings_problem() else f"dask-otel is off in {scheduler}"
     if os.environ.get("OTEL_TRACES_EXPORTER", "").strip() == "none":
         return f"{scheduler} exports no spans (OTEL_TRACES_EXPORTER=none)"
     health = runtime.health
