@@ -164,15 +164,18 @@ async def _uninstrument_asynchronous(client: Any) -> None:
 
 
 async def _unregister_plugins(client: Any) -> None:
-    await client.run_on_scheduler(_detach_scheduler_plugin)
-    for nanny in (False, True):
-        with contextlib.suppress(ValueError):  # never registered through this client
+    registered = await client.run_on_scheduler(_detach_scheduler_plugin)
+    for nanny in registered:  # Dask logs an ERROR for a plugin it does not have
+        with contextlib.suppress(ValueError):  # unregistered meanwhile by another client
             await client.unregister_worker_plugin(PLUGIN_NAME, nanny=nanny)
 
 
-async def _detach_scheduler_plugin(dask_scheduler: Any) -> None:
-    """Runs on the scheduler: flush and remove its dask-otel plugin."""
+async def _detach_scheduler_plugin(dask_scheduler: Any) -> list[bool]:
+    """Runs on the scheduler: flush and remove its dask-otel plugin; which of dask-otel's
+    worker (False) and Nanny (True) plugins it has registered."""
     plugin = dask_scheduler.plugins.get(PLUGIN_NAME)
     if plugin is not None:
         await plugin.close()
         dask_scheduler.remove_plugin(name=PLUGIN_NAME)
+    kinds = {False: dask_scheduler.worker_plugins, True: dask_scheduler.nanny_plugins}
+    return [nanny for nanny, plugins in kinds.items() if PLUGIN_NAME in plugins]

@@ -7,6 +7,7 @@ import asyncio
 import logging
 
 import dask
+import pytest
 from conftest import flush_emitters, in_process_cluster
 from distributed import Client, LocalCluster
 from opentelemetry.trace import SpanKind
@@ -226,3 +227,31 @@ def test_instrument_client_twice_then_uninstrument(telemetry):
 
         assert client.submit(inc, 2).result() == 3
         assert len(telemetry.spans()) == 4  # nothing new
+
+
+@pytest.mark.parametrize(
+    "off", ["otel.enabled: false", "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=dask"]
+)
+def test_uninstrument_with_dask_otel_off_is_a_quiet_no_op(telemetry, monkeypatch, off):
+    """Off, ``instrument(client)`` registered nothing: ``uninstrument(client)`` asks the
+    scheduler to remove nothing (Dask logs an ERROR with a traceback for each plugin it
+    does not have)."""
+    dask_otel.DaskInstrumentor().uninstrument()  # a cluster without dask-otel to start
+    records = Records()
+    records.setLevel(logging.ERROR)
+    dask_logger = logging.getLogger("distributed")
+    dask_logger.addHandler(records)
+    if off.startswith("OTEL_"):
+        monkeypatch.setenv("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", "dask")
+    try:
+        with (
+            dask.config.set({"otel.enabled": off.startswith("OTEL_")}),
+            in_process_cluster(n_workers=1) as client,
+        ):
+            dask_otel.instrument(client)
+            assert "dask-otel" not in scheduler_plugins(client)
+            dask_otel.uninstrument(client)
+            assert client.submit(inc, 1).result() == 2
+    finally:
+        dask_logger.removeHandler(records)
+    assert records.messages == []
