@@ -309,3 +309,24 @@ def test_computations_the_cluster_did_not_answer_are_gaps(tmp_path):
     ) in out
     assert "- 1 computation(s) have no graph span from the scheduler (compute max)" in out
     assert "compute mean" not in out.split("Gaps in the recording")[1]
+
+
+def test_log_severities_by_enum_name_are_read(tmp_path):
+    """Protobuf's JSON mapping may write enums by name, as it does a span's status."""
+    records = [
+        {"severityNumber": "SEVERITY_NUMBER_ERROR", "severityText": "ERROR", "body": {
+            "stringValue": "by name"}},
+        {"severityNumber": 17, "severityText": "ERROR", "body": {"stringValue": "by number"}},
+        {"severityNumber": "SEVERITY_NUMBER_INFO2", "body": {"stringValue": "info"}},
+    ]  # fmt: skip
+    request = {"resourceLogs": [{"scopeLogs": [{"logRecords": records}]}]}
+    (tmp_path / "logs.jsonl").write_text(json.dumps(request) + "\n")
+    summary = summarize(tmp_path)
+    assert summary.skipped_count == 0, summary.skipped
+    assert summary.log_records == 3
+    assert sorted(line for _, _, line in summary.errors) == ["by name", "by number"]
+
+
+def test_a_path_that_is_not_a_directory_is_read_as_a_file():
+    with pytest.raises(SummaryError, match=r"/dev/null: no OTLP telemetry found .*empty"):
+        summarize("/dev/null")

@@ -147,13 +147,31 @@ def _span(raw: dict[str, Any], role: str) -> Span:
     )
 
 
+#: OTLP's severity names, as protobuf's JSON mapping may write them, up to a level's first
+#: number (``SEVERITY_NUMBER_INFO`` is 9, ``..._INFO2`` 10).
+_SEVERITIES = {"TRACE": 1, "DEBUG": 5, "INFO": 9, "WARN": 13, "ERROR": 17, "FATAL": 21}
+
+
+def _severity(value: Any) -> int:
+    """A severity number, or its enum name (``SEVERITY_NUMBER_ERROR``); ValueError if neither."""
+    if not isinstance(value, str) or not value.startswith("SEVERITY_NUMBER_"):
+        return int(value or 0)
+    name = value.removeprefix("SEVERITY_NUMBER_")
+    if name == "UNSPECIFIED":
+        return 0
+    level, step = name.rstrip("234"), name[len(name.rstrip("234")) :] or "1"
+    if level not in _SEVERITIES or len(step) != 1:
+        raise ValueError(f"severity {value!r}")
+    return _SEVERITIES[level] + int(step) - 1
+
+
 def _log(raw: dict[str, Any], role: str) -> LogRecord:
     body = raw.get("body")
     return LogRecord(
         role=role,
         time=_nanoseconds(raw.get("timeUnixNano") or raw.get("observedTimeUnixNano")),
         observed=_nanoseconds(raw.get("observedTimeUnixNano")),
-        severity=int(raw.get("severityNumber") or 0),
+        severity=_severity(raw.get("severityNumber")),
         severity_text=str(raw.get("severityText") or "UNSET"),
         body=str(_value(body) if isinstance(body, dict) else body or ""),
         trace=str(raw.get("traceId") or ""),

@@ -345,7 +345,7 @@ def _files(paths: Iterable[Path]) -> list[Path]:
     for path in paths:
         if not path.exists():
             raise SummaryError(f"{path}: no such file or directory")
-        if path.is_file():
+        if not path.is_dir():  # a file, or what reads as one (/dev/stdin, a pipe)
             found[path] = None
             continue
         inside = sorted(p for p in path.rglob("*") if p.suffix in (".jsonl", ".json"))
