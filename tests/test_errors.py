@@ -8,6 +8,7 @@ import pickle
 import traceback
 import weakref
 
+from distributed.protocol.serialize import Serialized, serialize
 from distributed.scheduler import KilledWorker
 
 from dask_otel.spans import errors
@@ -43,10 +44,26 @@ def test_pickled_exception_in_a_wrapper():
 
 
 def test_unreadable_pickle_falls_back_to_the_text():
+    """The type from the repr, and the message it holds: not ``ZeroDivisionError:
+    ZeroDivisionError('division by zero')`` on the span's status."""
     assert describe(b"not a pickle", "ZeroDivisionError('division by zero')") == (
         "ZeroDivisionError",
-        "ZeroDivisionError('division by zero')",
+        "division by zero",
     )
+    assert describe(b"not a pickle", "Odd(<object>)") == ("Odd", "Odd(<object>)")
+
+
+def test_an_exception_as_the_scheduler_holds_it():
+    """A worker's exception reaches the scheduler as Dask's ``Serialized``, unread."""
+    header, frames = serialize(MyError("boom on 7"), serializers=("pickle",))
+    assert describe(Serialized(header, frames), "MyError('boom on 7')") == (
+        f"{__name__}.MyError",
+        "boom on 7",
+    )
+
+
+class MyError(RuntimeError):
+    pass
 
 
 def test_nothing_known():
@@ -82,7 +99,7 @@ def test_a_pickled_exception_is_never_loaded():
     assert describe(data, "Sneaky('x')") == (f"{__name__}.Sneaky", "x")
     assert not ran
     # A pickle that names something else than the repr's type first: the repr's type.
-    assert describe(pickle.dumps(_ran), "Sneaky('x')") == ("Sneaky", "Sneaky('x')")
+    assert describe(pickle.dumps(_ran), "Sneaky('x')") == ("Sneaky", "x")
     assert not ran
 
 

@@ -150,7 +150,7 @@ def describe(exception: Any, text: Any) -> tuple[str, str]:
     """
     if not isinstance(exception, BaseException):  # an exception's own ``.data`` is not a wrapper
         try:
-            exception = getattr(exception, "data", exception)
+            exception = _pickle_of(getattr(exception, "data", exception))
         except Exception:
             exception = None
     if text is not None and not isinstance(text, str):
@@ -174,8 +174,19 @@ def describe(exception: Any, text: Any) -> tuple[str, str]:
             exc_type = name if module == "builtins" else f"{module}.{name}"
             return exc_type, "" if text is None else _message_from_repr(text, exc_type)
     if text:
-        return text_type or "Exception", text
+        return text_type or "Exception", _message_from_repr(text, text_type) if text_type else text
     return "Exception", "unknown error"
+
+
+def _pickle_of(exception: Any) -> Any:
+    """The pickle in Dask's ``Serialized`` (a worker's exception as the scheduler holds it,
+    unread), else ``exception`` itself."""
+    frames = getattr(exception, "frames", None)
+    header = getattr(exception, "header", None)
+    pickled = isinstance(header, dict) and header.get("serializer") == "pickle"
+    if pickled and isinstance(frames, list) and frames:
+        return bytes(frames[0])
+    return exception
 
 
 class _Named(Exception):
