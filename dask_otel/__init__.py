@@ -21,6 +21,7 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
 from dask_otel import hooks, runtime
 from dask_otel.package import _instruments
+from dask_otel.plugins import own_runs
 from dask_otel.plugins.activation import (
     activate,
     bridge_logs,
@@ -170,6 +171,7 @@ async def _unregister_plugins(client: Any) -> None:
             await client.unregister_worker_plugin(PLUGIN_NAME, nanny=nanny)
 
 
+@own_runs.register
 async def _detach_scheduler_plugin(dask_scheduler: Any) -> list[bool]:
     """Runs on the scheduler: flush and remove its dask-otel plugin; which of dask-otel's
     worker (False) and Nanny (True) plugins it has registered."""

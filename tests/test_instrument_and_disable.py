@@ -255,3 +255,26 @@ def test_uninstrument_with_dask_otel_off_is_a_quiet_no_op(telemetry, monkeypatch
     finally:
         dask_logger.removeHandler(records)
     assert records.messages == []
+
+
+def test_dask_otels_own_runs_leave_no_line_in_the_clusters_logs(telemetry):
+    """``instrument`` and ``uninstrument`` run functions on the scheduler and workers;
+    Dask's "Run out-of-band function" line stays for the user's own runs only."""
+    dask_otel.DaskInstrumentor().uninstrument()  # a cluster without dask-otel to start
+    records = Records()
+    run_logger = logging.getLogger("distributed.worker")
+    run_logger.addHandler(records)
+    level = run_logger.level
+    run_logger.setLevel(logging.INFO)
+    try:
+        with in_process_cluster(n_workers=1) as client:
+            dask_otel.instrument(client, tracer_provider=telemetry.tracer_provider)
+            assert "dask-otel" in scheduler_plugins(client)
+            client.run(inc, 1)
+            dask_otel.uninstrument(client)
+    finally:
+        run_logger.removeHandler(records)
+        run_logger.setLevel(level)
+    runs = [m for m in records.messages if m.startswith("Run out-of-band")]
+    # The test's own: scheduler_plugins runs a lambda.
+    assert runs == ["Run out-of-band function 'lambda'", "Run out-of-band function 'inc'"], runs

@@ -16,6 +16,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from dask_otel import runtime
+from dask_otel.plugins import own_runs
 from dask_otel.runtime import say_once
 
 if TYPE_CHECKING:
@@ -111,6 +112,7 @@ def bridge_logs(settings: Settings) -> None:
         )
 
 
+@own_runs.register
 def settings_problem() -> str | None:
     """What is wrong with this process's ``otel.*`` settings, if anything (``client.run``
     asks the cluster's processes before :func:`dask_otel.instrument` adds its plugins)."""

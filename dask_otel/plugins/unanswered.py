@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from dask_otel import runtime
+from dask_otel.plugins import own_runs
 from dask_otel.plugins.activation import settings_problem
 from dask_otel.runtime import PLUGIN_NAME, say_once
 
@@ -67,6 +68,7 @@ def _forget_parent() -> None:
 runtime.forget_in_child(_forget_parent)
 
 
+@own_runs.register
 async def graph_spans_problem(dask_scheduler: Any) -> str | None:
     """Runs on the scheduler: why its ``graph`` spans do not leave, or None when they do
     (or when it cannot tell: dask-otel does not export here itself)."""
