@@ -330,3 +330,43 @@ def test_log_severities_by_enum_name_are_read(tmp_path):
 def test_a_path_that_is_not_a_directory_is_read_as_a_file():
     with pytest.raises(SummaryError, match=r"/dev/null: no OTLP telemetry found .*empty"):
         summarize("/dev/null")
+
+
+def test_movement_in_the_unit_that_fits_sent_by_peers_and_retries_named(tmp_path):
+    """740 bytes read back are ``740 B``, not ``0.0 MB``; a worker's ``sent`` counts the
+    fetches of its peers, not of clients (its ``get_data`` spans serve both); tasks that
+    recovered on retry are named."""
+    peer = {"dask.worker.address": "tcp://10.0.0.2:4000", "dask.worker.name": "w1"}
+    flaky = {"dask.task.key": "flaky-1", "dask.task.prefix": "flaky", "thread.id": 1, **WORKER}
+    record(tmp_path / "traces-worker-1.jsonl", "dask-worker", [
+        {"name": "transfer", "attributes": {**WORKER, "dask.transfer.bytes": 2_500,
+                                            "dask.peer.address": peer["dask.worker.address"]}},
+        {"name": "unspill x", "attributes": {**WORKER, "dask.spill.bytes": 740}},
+        {"name": "attempt flaky", "attributes": flaky, "exception": "once"},
+        {"name": "task flaky", "attributes": flaky, "start": 2_500_000_000, "end": 3_000_000_000},
+    ])  # fmt: skip
+    record(tmp_path / "traces-worker-2.jsonl", "dask-worker", [
+        {"name": "get_data", "attributes": {**peer, "dask.transfer.bytes": 2_500}},
+        {"name": "get_data", "attributes": {**peer, "dask.transfer.bytes": 1_000_000}},  # client
+    ])  # fmt: skip
+    out = text(tmp_path)
+    assert "transfers between workers: 1 / 2.5 kB" in out
+    assert "read back: 1 / 740 B" in out
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("  10.0.0.")}
+    assert rows["10.0.0.1:4000"].split()[5:9] == ["1", "/", "2.5", "kB"]  # received
+    assert rows["10.0.0.2:4000"].split()[5:11] == ["-", "1", "/", "2.5", "kB", "-"]  # sent
+    assert "1 recovered on retry\n  recovered on retry: flaky-1\n" in out
+
+
+def test_error_records_keep_their_reason():
+    from dask_otel.tools.report import cut
+
+    line = (
+        "Task die-2d062b16416e29db4447dc8c08e8887b was lost with worker "
+        "tcp://127.0.0.1:37537 (exited with status 1)"
+    )
+    assert (
+        cut(line, 100)
+        == "Task die-2d062b16… was lost with worker 127.0.0.1:37537 (exited with status 1)"
+    )
+    assert cut("Worker died: " + "x" * 100, 20) == "Worker died: xxxxxx…"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from datetime import datetime, timezone
 from typing import TextIO
@@ -30,12 +31,30 @@ def _host(address: str) -> str:
     return address.removeprefix("tcp://")
 
 
-def _mb(value: float) -> str:
-    return f"{value / 1e6:.1f} MB"
+#: The hash of a Dask key (``inc-<32 hex digits>``, ``f-<uuid4>``) after its first 8 digits.
+_KEY_HASH = re.compile(
+    r"\b([0-9a-f]{8})(?:[0-9a-f]{24}|-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\b"
+)
+
+
+def cut(text: str, width: int) -> str:
+    """A message in at most ``width`` characters: the hashes of the keys it names
+    shortened, addresses without ``tcp://``, then its end cut (``…``), for the reason
+    comes first."""
+    text = _KEY_HASH.sub(r"\1…", text).replace("tcp://", "")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def size(value: float) -> str:
+    """Bytes in the unit that fits: ``740 B``, ``12.3 kB``, ``7.1 MB``, ``2.0 GB``."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.1f} {unit}"
+    return f"{value:.0f} B"
 
 
 def _moved(tally: list[float]) -> str:
-    return f"{int(tally[0])} / {_mb(tally[1])}" if tally[0] else "-"
+    return f"{int(tally[0])} / {size(tally[1])}" if tally[0] else "-"
 
 
 def _names(names: list[str]) -> str:
@@ -73,14 +92,19 @@ class _Report:
                 w(f"    {problem}\n")
             if s.skipped_count > len(s.skipped):
                 w(f"    ... {s.skipped_count - len(s.skipped)} more\n")
-        tasks = [t for t in s.tasks.values() if t.attempts or t.erred or t.finished]
+        with_spans = {k: t for k, t in s.tasks.items() if t.attempts or t.erred or t.finished}
+        tasks = with_spans.values()
         failed = sum(t.failed and not t.erred_by for t in tasks)
         dependents = sum(t.failed and bool(t.erred_by) for t in tasks)
-        retried = sum(t.failed_attempts > 0 and not t.failed for t in tasks)
+        retried = [key for (_, key), t in with_spans.items() if t.failed_attempts and not t.failed]
         attempts = sum(t.attempts for t in tasks)
         w(f"Tasks with spans: {len(tasks)} ({attempts} attempts); {failed} failed, "
           f"{dependents} failed because a dependency did, "
-          f"{retried} recovered on retry\n")  # fmt: skip
+          f"{len(retried)} recovered on retry\n")  # fmt: skip
+        if retried:
+            named = ", ".join(elide(key, KEY_WIDTH) for key in retried[:3])
+            more = f", ... {len(retried) - 3} more" if len(retried) > 3 else ""
+            w(f"  recovered on retry: {named}{more}\n")
 
     def traces(self) -> None:
         s, w = self.s, self.w
@@ -131,7 +155,7 @@ class _Report:
         received = totals["received"]
         w(f"  transfers between workers: {_moved(received)}\n")
         for seconds, moved, peer, worker, trace in sorted(s.slowest_transfers, reverse=True)[:3]:
-            w(f"    {seconds:6.3f} s  {_mb(moved):>9}  {_host(peer)} -> {_host(worker)}  "
+            w(f"    {seconds:6.3f} s  {size(moved):>9}  {_host(peer)} -> {_host(worker)}  "
               f"trace {trace}\n")  # fmt: skip
         w(f"  spilled to disk: {_moved(totals['spilled'])}; "
           f"read back: {_moved(totals['unspilled'])}\n")  # fmt: skip
@@ -186,7 +210,7 @@ class _Report:
         errors = sorted(s.errors.items(), key=lambda e: -e[1][0])
         for (severity, role, line), (count, trace) in errors[:MAX_ROWS]:
             where = f"  trace {trace}" if trace else ""
-            w(f"  {severity} x{count} {role}: {elide(line, 64)}{where}\n")
+            w(f"  {severity} x{count} {role}: {cut(line, 64 if trace else 104)}{where}\n")
         self.more(errors, "distinct ERROR records")
 
     def missing(self) -> None:

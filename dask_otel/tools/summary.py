@@ -199,7 +199,7 @@ class Summary:
             self.answered.add((span.trace, span.parent))
         if span.key:
             self._add_task_span(span, trace)
-        if operation in ("transfer", "get_data", "spill", "unspill") and span.worker:
+        if operation in ("transfer", "spill", "unspill") and span.worker:
             self._add_movement(span)
 
     def _add_task_span(self, span: Span, trace: _Trace) -> None:
@@ -244,24 +244,25 @@ class Summary:
         _keep_largest(self.slowest, entry)
 
     def _add_movement(self, span: Span) -> None:
+        """A spill, an unspill, or a fetch from a peer: received here, sent by the peer
+        (counted from the receiving side only: a worker's ``get_data`` serves clients too)."""
         worker = self.workers[span.worker]
         worker.name = worker.name or str(span.attributes.get("dask.worker.name") or "")
-        operation = span.operation
-        if operation in ("spill", "unspill"):
+        if span.operation in ("spill", "unspill"):
             moved = float(span.attributes.get("dask.spill.bytes") or 0)
-            tally = worker.spilled if operation == "spill" else worker.unspilled
+            tallies = [worker.spilled if span.operation == "spill" else worker.unspilled]
         else:
-            moved = float(span.attributes.get("dask.transfer.bytes") or 0)
-            tally = worker.received if operation == "transfer" else worker.sent
             if span.attributes.get("dask.transfer.outcome", "success") != "success":
                 return
-            if operation == "transfer":
-                peer = str(span.attributes.get("dask.peer.address") or "?")
-                _keep_largest(
-                    self.slowest_transfers, (span.seconds, moved, peer, span.worker, span.trace)
-                )
-        tally[0] += 1
-        tally[1] += moved
+            moved = float(span.attributes.get("dask.transfer.bytes") or 0)
+            peer = str(span.attributes.get("dask.peer.address") or "?")
+            _keep_largest(
+                self.slowest_transfers, (span.seconds, moved, peer, span.worker, span.trace)
+            )
+            tallies = [worker.received, self.workers[peer].sent]
+        for tally in tallies:
+            tally[0] += 1
+            tally[1] += moved
 
     # logs --------------------------------------------------------------------------------
 
