@@ -36,8 +36,9 @@ def test_demo_writes_files_and_summarizes_them(tmp_path):
     for signal in ("traces", "metrics", "logs"):
         assert [signal, "scheduler"] in files
         assert files.count([signal, "worker"]) == 2
-    # The client's process logs nothing: a file is made at its first line.
-    assert [f for f in files if "client" in f] == [["metrics", "client"], ["traces", "client"]]
+    # The client's process logs nothing (a file is made at its first line) and exports no
+    # metrics: its last collection would be written at its exit, after the summary.
+    assert [f for f in files if "client" in f] == [["traces", "client"]]
     # The summary printed at the end names the injected failure, with its retry.
     assert "demo failure on input 42" in out.stdout
     assert "2 attempt(s) on" in out.stdout
@@ -46,6 +47,9 @@ def test_demo_writes_files_and_summarizes_them(tmp_path):
 
     summary = summarize(tmp_path / "dask-otel-telemetry")
     assert not summary.skipped
+    # The summary counted every file as it is once the demo has exited.
+    counted = f"{summary.spans} spans, {summary.log_records} log records, "
+    assert f"{counted}{summary.metric_points} metric points\n" in out.stdout
     roles = {role for _, role in summary.by_operation}
     assert roles == {"dask-client", "dask-scheduler", "dask-worker"}
     workers = summary.workers.values()

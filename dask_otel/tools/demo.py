@@ -60,12 +60,14 @@ class _Cluster:
     telemetry on the way) and kills what is left after :data:`STOP_TIMEOUT`.
     """
 
-    def __init__(self, workdir: Path, size: Size) -> None:
+    def __init__(self, workdir: Path, size: Size, env: dict[str, str]) -> None:
         #: Where the scheduler writes its address.
         self.scheduler_file = workdir / "scheduler.json"
         #: The processes' combined stdout and stderr.
         self.log_path = workdir / "cluster.log"
         self._size = size
+        #: Variables the processes get on top of this one's.
+        self._env = env
         self._processes: list[subprocess.Popen[bytes]] = []
 
     def start(self) -> str:
@@ -74,6 +76,7 @@ class _Cluster:
         common = ["--host", "127.0.0.1", "--scheduler-file", str(self.scheduler_file),
                   "--no-dashboard"]  # fmt: skip
         env = {"DASK_OTEL__FLUSH_TIMEOUT": f"{FLUSH_TIMEOUT}s", **os.environ, **WORKER_MEMORY}
+        env.update(self._env)
         memory = str(self._size.memory_limit)
         with self.log_path.open("ab") as log:
             self._spawn([*dask, "scheduler", "--port", "0", *common], env, log)
@@ -122,15 +125,23 @@ class _Cluster:
 # -- where the telemetry goes ----------------------------------------------------------------
 
 
+#: The cluster's processes write their metrics to files too (see :func:`_file_mode`).
+CLUSTER_METRICS = {"OTEL_METRICS_EXPORTER": "otlp_json_file"}
+
+
 def _file_mode(directory: Path) -> None:
-    """Route all three signals of every process of the demo to OTLP JSON files."""
+    """Route every process of the demo to OTLP JSON files: spans and log records, and the
+    cluster's metrics. The demo's own process exports no metrics (its one instrument,
+    ``dask_otel.exporter.dropped``, the demo checks itself): their last collection would
+    be written at its exit, after the summary has counted the files."""
     directory.mkdir(parents=True, exist_ok=True)
     for signal in ("traces", "metrics", "logs"):
         for old in directory.glob(f"{signal}-*.jsonl"):  # an earlier demo's files only
             old.unlink()
     os.environ[FILE_EXPORT_DIR] = str(directory)
-    for signal in ("TRACES", "METRICS", "LOGS"):
+    for signal in ("TRACES", "LOGS"):
         os.environ[f"OTEL_{signal}_EXPORTER"] = "otlp_json_file"
+    os.environ["OTEL_METRICS_EXPORTER"] = "none"
     os.environ.setdefault("OTEL_METRIC_EXPORT_INTERVAL", "2000")
     os.environ.setdefault("OTEL_BSP_SCHEDULE_DELAY", "500")
 
@@ -170,7 +181,8 @@ def run(output: Path, size: str = "normal", out: TextIO = sys.stdout) -> int:
         _file_mode(output)
         out.write(f"dask-otel demo: writing OTLP JSON files to {output}\n")
     with tempfile.TemporaryDirectory(prefix="dask-otel-demo-") as workdir:
-        delivery = _run_workload(_Cluster(Path(workdir), SIZES[size]), SIZES[size], out)
+        cluster = _Cluster(Path(workdir), SIZES[size], {} if endpoint else CLUSTER_METRICS)
+        delivery = _run_workload(cluster, SIZES[size], out)
     if delivery.failed:
         out.write(
             f"\nExport to {endpoint or output} FAILED: {delivery.describe()}.\n"
