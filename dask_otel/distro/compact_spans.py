@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.span import TraceState
@@ -21,10 +22,12 @@ from opentelemetry.trace.span import TraceState
 from dask_otel import runtime
 
 #: A queued span: name, trace id, span id, flags, trace state, parent (span id, or None
-#: for a root; its remote flag), resource and scope (by number), kind, attributes, events,
-#: links, status code and description, start, end, and the counts of attributes, events
-#: and links dropped. (A parent shares the span's trace id; OTLP sends only its span id
-#: and remote flag.)
+#: for a root; its remote flag), resource and scope (by number), kind, attributes, events
+#: (:func:`event_values`), links (:func:`link_values`), status code and description, start,
+#: end, and the counts of attributes, events and links dropped. (A parent shares the span's
+#: trace id; OTLP sends only its span id and remote flag.) Plain tuples, not named ones:
+#: the garbage collector stops tracking a tuple of untracked values, and marshal (the
+#: flight recorder's format) writes only plain tuples.
 CompactSpan = tuple
 
 
@@ -34,6 +37,16 @@ def _trace_state_values(context: SpanContext) -> tuple | None:
 
 def _trace_state(values: tuple | None) -> TraceState | None:
     return TraceState(values) if values else None
+
+
+def _counted(attributes: dict | None, dropped: int) -> Any:
+    """Attributes as an Event or Link reports their dropped count: from BoundedAttributes
+    only (rare: only where the limits dropped some)."""
+    if not dropped:
+        return attributes
+    bounded = BoundedAttributes(attributes=attributes)
+    bounded.dropped = dropped
+    return bounded
 
 
 def plain_attributes(attributes: Any) -> dict | None:
@@ -108,8 +121,11 @@ def compact(span: ReadableSpan, shared: SharedObjects) -> CompactSpan:
         shared.number(span.instrumentation_scope),
         span.kind,
         span.attributes,
-        tuple((e.name, e.timestamp, plain_attributes(e.attributes)) for e in span.events),
-        tuple(link_values(link) for link in span.links),
+        tuple(
+            event_values(e.name, e.timestamp, e.attributes, e.dropped_attributes)
+            for e in span.events
+        ),
+        tuple(link_values(k.context, k.attributes, k.dropped_attributes) for k in span.links),
         span.status,
         (span.start_time, span.end_time),
         (span.dropped_attributes, span.dropped_events, span.dropped_links),
@@ -152,15 +168,22 @@ def span_values(
     )
 
 
-def link_values(link: Link) -> tuple:
-    context = link.context
+def event_values(name: str, timestamp: int, attributes: Any, dropped: int) -> tuple:
+    """A queued event: name, timestamp, attributes, the count of attributes dropped."""
+    return (name, timestamp, plain_attributes(attributes), dropped)
+
+
+def link_values(context: SpanContext, attributes: Any, dropped: int) -> tuple:
+    """A queued link: trace id, span id, remote flag, trace flags, trace state, attributes,
+    the count of attributes dropped."""
     return (
         context.trace_id,
         context.span_id,
         context.is_remote,
         int(context.trace_flags),
         _trace_state_values(context),
-        plain_attributes(link.attributes),
+        plain_attributes(attributes),
+        dropped,
     )
 
 
@@ -194,10 +217,10 @@ def rebuild(values: CompactSpan, shared: SharedObjects) -> ReadableSpan:
         resource=shared[resource],
         instrumentation_scope=shared[scope],
         attributes=attributes or {},
-        events=tuple(Event(n, a, t) for n, t, a in events),
+        events=tuple(Event(n, _counted(a, d), t) for n, t, a, d in events),
         links=tuple(
-            Link(SpanContext(t, s, r, TraceFlags(f), _trace_state(ts)), a)
-            for t, s, r, f, ts, a in links
+            Link(SpanContext(t, s, r, TraceFlags(f), _trace_state(ts)), _counted(a, d))
+            for t, s, r, f, ts, a, d in links
         ),
         kind=_SPAN_KINDS[kind],
         status=status,

@@ -27,9 +27,13 @@ _pack_double = struct.Struct("<d").pack
 #: OTLP's SpanFlags: the parent's (or link's) remote flag is known, and is set.
 _HAS_IS_REMOTE = 0x100
 _IS_REMOTE = 0x200
-#: Encoded (key, value) pairs kept: the attributes that repeat from span to span (the
-#: cluster, the worker, the prefix). Dropped wholesale when full.
+#: Encoded (key, value) pairs kept per value class: the attributes that repeat from span
+#: to span (the cluster, the worker, the prefix).
 MAX_CACHED = 4096
+#: The value classes whose pairs are cached, each in a cache of its own: ``True``, ``1``
+#: and ``1.0`` are equal keys of one dict, and encode differently. Any other class (a
+#: float, a subclass, a tuple, a mapping) is encoded every time.
+_CACHED = (str, int, bool)
 
 
 def _varint(value: int) -> bytes:
@@ -51,8 +55,9 @@ def _field(tag: bytes, payload: bytes) -> bytes:
 
 
 def _text(value: str) -> bytes:
-    # A lone surrogate (a non-UTF-8 file name) must not fail the whole request.
-    return value.encode("utf-8", "replace")
+    # A lone surrogate (a non-UTF-8 file name) must not fail the whole request. Through
+    # str's own method: a subclass's text is its characters, as protobuf encodes it.
+    return str.encode(value, "utf-8", "replace")
 
 
 def _any_value(value: Any) -> bytes:
@@ -92,8 +97,8 @@ class Encoder:
     def __init__(self, resource: Callable[[int], Any], scope: Callable[[int], Any]) -> None:
         self._resource = resource
         self._scope = scope
-        #: Encoded attributes, by the tag of the field that holds them.
-        self._pairs: dict[bytes, dict[tuple[str, Any], bytes]] = {}
+        #: Encoded attributes, by the tag of the field that holds them, then by value class.
+        self._pairs: dict[bytes, dict[type, dict[tuple[str, Any], bytes]]] = {}
         self._headers: dict[int, bytes] = {}
 
     def encode(self, batch: Sequence[CompactSpan]) -> bytes:
@@ -146,15 +151,19 @@ class Encoder:
     def _attributes(self, tag: bytes, attributes: Mapping[str, Any] | None) -> bytes:
         if not attributes:
             return b""
-        pairs = self._pairs.get(tag)
-        if pairs is None:
-            pairs = self._pairs[tag] = {}
+        caches = self._pairs.get(tag)
+        if caches is None:
+            caches = self._pairs[tag] = {cls: {} for cls in _CACHED}
         out = []
         for item in attributes.items():
-            encoded = pairs.get(item) if type(item[1]) is not list else None
+            pairs = caches.get(item[1].__class__)
+            if pairs is None:
+                out.append(_field(tag, _key_value(*item)))
+                continue
+            encoded = pairs.get(item)
             if encoded is None:
                 encoded = _field(tag, _key_value(*item))
-                if type(item[1]) in (str, bool, int) and len(pairs) < MAX_CACHED:
+                if len(pairs) < MAX_CACHED:
                     pairs[item] = encoded
             out.append(encoded)
         return b"".join(out)
@@ -174,9 +183,12 @@ class Encoder:
         out.append(self._attributes(b"\x4a", attributes))
         if dropped_attributes:
             out += (b"\x50", _varint(dropped_attributes))
-        for event_name, timestamp, event_attributes in events:
+        for event_name, timestamp, event_attributes, event_dropped in events:
             event = b"\x09" + _pack_fixed64(timestamp) + _field(b"\x12", _text(event_name))
-            out.append(_field(b"\x5a", event + self._attributes(b"\x1a", event_attributes)))
+            event += self._attributes(b"\x1a", event_attributes)
+            if event_dropped:
+                event += b"\x20" + _varint(event_dropped)
+            out.append(_field(b"\x5a", event))
         if dropped_events:
             out += (b"\x60", _varint(dropped_events))
         for link in links:
@@ -197,10 +209,13 @@ class Encoder:
         _flags: int,
         _trace_state: tuple | None,
         attributes: dict | None,
+        dropped_attributes: int,
     ) -> bytes:
         # No trace state: the SDK's encoder (1.45) sends none for links either.
         out = b"\x0a\x10" + trace_id.to_bytes(16, "big") + b"\x12\x08" + span_id.to_bytes(8, "big")
         out += self._attributes(b"\x22", attributes)
+        if dropped_attributes:
+            out += b"\x28" + _varint(dropped_attributes)
         return out + b"\x35" + _pack_fixed32(_HAS_IS_REMOTE | (_IS_REMOTE if remote else 0))
 
 

@@ -49,6 +49,8 @@ TOO_DEEP = "[nested too deep]"
 DIRTY = -1
 
 _INT64 = (-(1 << 63), 1 << 63)
+#: What a subclass of is encoded as its base class's value.
+_SUBCLASSED = (str, int, float, bytes)
 _ERROR = 2  # StatusCode.ERROR.value, as a queued span holds it
 
 
@@ -75,6 +77,8 @@ def _value_bytes(value: Any, depth: int) -> int:
         return 0 if _INT64[0] <= value < _INT64[1] else DIRTY
     if cls is bytes:
         return len(value)
+    if isinstance(value, _SUBCLASSED):
+        return _subclass_bytes(value)
     if depth >= MAX_DEPTH:
         return DIRTY
     if cls is tuple or cls is list:
@@ -88,6 +92,16 @@ def _value_bytes(value: Any, depth: int) -> int:
     if isinstance(value, Mapping):
         return _attributes_bytes(value, depth + 1)
     return DIRTY  # an array, an object: the encoder has no value for it
+
+
+def _subclass_bytes(value: str | int | float | bytes) -> int:
+    """Bytes of a subclass's value (a NumPy float, an IntEnum member, a ``str`` subclass),
+    which the encoders take as their base class's: the SDK keeps them so."""
+    if isinstance(value, str):
+        return _text_bytes(str.__str__(value))
+    if isinstance(value, int):
+        return 0 if _INT64[0] <= value < _INT64[1] else DIRTY
+    return len(value) if isinstance(value, bytes) else 0
 
 
 def _attributes_bytes(attributes: Mapping[Any, Any] | None, depth: int = 0) -> int:
@@ -123,6 +137,14 @@ def _has_exception_text(attributes: Mapping[str, Any] | None) -> bool:
 # -- copying clean -----------------------------------------------------------------------
 
 
+def _base_value(value: str | int | float | bytes) -> str | int | float | bytes:
+    """A subclass's value as its base class's, which is what the encoders send."""
+    for base in _SUBCLASSED:
+        if isinstance(value, base):
+            return base.__str__(value) if base is str else base(value)
+    return value
+
+
 class Cleaner:
     """Makes a copy of what a check found wrong: U+FFFD for lone surrogates, ``repr`` for
     values OTLP cannot carry, strings cut to ``limit``; exception text redacted when
@@ -133,7 +155,9 @@ class Cleaner:
         self.limit = limit
 
     def text(self, text: Any) -> str:
-        text = ids.clean(text if text.__class__ is str else errors.safe_repr(text))
+        if text.__class__ is not str:
+            text = str.__str__(text) if isinstance(text, str) else errors.safe_repr(text)
+        text = ids.clean(text)
         return text if self.limit is None else ids.cap(text, self.limit)
 
     def value(self, value: Any, depth: int = 0) -> Any:
@@ -146,6 +170,8 @@ class Cleaner:
             return value if _INT64[0] <= value < _INT64[1] else str(value)
         if cls is bytes:
             return value if self.limit is None else value[: self.limit]
+        if isinstance(value, _SUBCLASSED):
+            return self.value(_base_value(value), depth)
         if depth >= MAX_DEPTH:
             return TOO_DEEP
         if cls is tuple or cls is list:
@@ -195,7 +221,7 @@ class Spans:
             if error and errors.redact_description(description) != description:
                 return DIRTY
             total += size
-        for name, _, attributes in values[self.EVENTS]:
+        for name, _, attributes, _ in values[self.EVENTS]:
             size, attributes_size = _text_bytes(name), _attributes_bytes(attributes)
             if size < 0 or attributes_size < 0:
                 return DIRTY
@@ -221,11 +247,12 @@ class Spans:
                 cleaner.exception(attributes)
                 if redacting and name == "exception"
                 else cleaner.attributes(attributes),
+                dropped,
             )
-            for name, timestamp, attributes in values[self.EVENTS]
+            for name, timestamp, attributes, dropped in values[self.EVENTS]
         )
         span[self.LINKS] = tuple(
-            (*link[:5], cleaner.attributes(link[5])) for link in values[self.LINKS]
+            (*link[:5], cleaner.attributes(link[5]), link[6]) for link in values[self.LINKS]
         )
         description = values[self.DESCRIPTION]
         if description is not None:

@@ -27,7 +27,7 @@ def span_size(values: CompactSpan) -> int:
     attributes, events, links = values[10], values[11], values[12]
     size = _SPAN_BYTES + len(values[0]) + _strings(attributes)
     size += _ATTRIBUTE_BYTES * len(attributes or ())
-    for _, _, event_attributes in events:
+    for _, _, event_attributes, _ in events:
         size += _EVENT_BYTES + _ATTRIBUTE_BYTES * len(event_attributes or ())
         size += _strings(event_attributes)
     return size + _LINK_BYTES * len(links)

@@ -23,8 +23,8 @@ from dask_otel.distro.compact_spans import (
     UNSET,
     CompactSpan,
     SharedObjects,
+    event_values,
     link_values,
-    plain_attributes,
     rebuild,
     span_values,
 )
@@ -33,6 +33,26 @@ from dask_otel.spans import errors
 
 #: Attribute values the SDK's cleaning keeps as they are (no length limit set).
 _SCALARS = frozenset((str, bool, int, float))
+
+
+def _all_plain(attributes: Any) -> bool:
+    """Whether :func:`_plain` holds for every attribute (inlined: it runs for every span
+    and link written)."""
+    for key, value in attributes.items():
+        if key.__class__ is not str or not key or value.__class__ not in _SCALARS:
+            return False
+    return True
+
+
+def _unbounded(limit: int | None, length: int | None, count: int) -> bool:
+    """Whether limits of ``limit`` attributes of ``length`` characters keep ``count`` plain
+    attributes (:func:`_plain`) as they are."""
+    return length is None and (limit is None or count <= limit)
+
+
+def _is_valid_link(context: SpanContext | None, attributes: Any) -> bool:
+    """Whether the SDK's span keeps a link: a valid context, or something else to carry."""
+    return bool(context and (context.is_valid or attributes or context.trace_state))
 
 
 def _plain(key: Any, value: Any) -> bool:
@@ -65,15 +85,20 @@ class WrittenSpan(trace.Span):
         #: As the SDK bounds them; a plain dict while its bounds would change nothing.
         self._attributes: dict[str, Any] | BoundedAttributes = (
             dict(attributes)
-            if self._fits(len(attributes)) and all(_plain(*item) for item in attributes.items())
+            if self._fits(len(attributes)) and _all_plain(attributes)
             else self._bounded_attributes(attributes)
         )
-        self._events: list[tuple[str, int, dict | None]] = []
+        self._events: list[tuple] = []
         self._dropped_events = 0
-        links = [link for link in links if link.context.is_valid]
+        links = [
+            link
+            for link in links
+            if link.context.is_valid or _is_valid_link(link.context, link.attributes)
+        ]
         kept = len(links) if limits.max_links is None else limits.max_links
         # As the SDK's bounded list: the latest are kept.
-        self._links = [link_values(link) for link in links[len(links) - kept :]] if kept else []
+        kept_links = links[len(links) - kept :] if kept else []
+        self._links = [self._link(link.context, link.attributes) for link in kept_links]
         self._dropped_links = len(links) - len(self._links)
         self._status = UNSET
         self._ended = False
@@ -89,8 +114,7 @@ class WrittenSpan(trace.Span):
         are: no length limit, no more than the limit. Most spans' do: cleaning each value
         was a third of the cost of writing a span."""
         limits = self._writer.limits
-        limit = limits.max_span_attributes
-        return limits.max_attribute_length is None and (limit is None or count <= limit)
+        return _unbounded(limits.max_span_attributes, limits.max_span_attribute_length, count)
 
     def _bounded_attributes(self, attributes: Any) -> BoundedAttributes:
         limits = self._writer.limits
@@ -98,7 +122,7 @@ class WrittenSpan(trace.Span):
             limits.max_span_attributes,
             attributes,
             immutable=False,
-            max_value_len=limits.max_attribute_length,
+            max_value_len=limits.max_span_attribute_length,
         )
 
     def set_attribute(self, key: str, value: Any) -> None:
@@ -115,14 +139,27 @@ class WrittenSpan(trace.Span):
         for key, value in attributes.items():
             self.set_attribute(key, value)
 
-    def _bounded(self, limit: int | None, attributes: Any) -> dict | None:
+    def _bounded(self, limit: int | None, attributes: Any) -> BoundedAttributes:
         length = self._writer.limits.max_attribute_length
-        return plain_attributes(BoundedAttributes(limit, attributes, max_value_len=length))
+        return BoundedAttributes(limit, attributes, max_value_len=length)
+
+    def _link(self, context: SpanContext, attributes: Any) -> tuple:
+        """A link as the SDK's span keeps it: its attributes bounded by the link limits,
+        unless those would change nothing (dask-otel's dependency links)."""
+        limits = self._writer.limits
+        if not attributes or (
+            _unbounded(limits.max_link_attributes, limits.max_attribute_length, len(attributes))
+            and _all_plain(attributes)
+        ):
+            return link_values(context, attributes, 0)
+        bounded = self._bounded(limits.max_link_attributes, attributes)
+        return link_values(context, bounded, bounded.dropped)
 
     def add_event(self, name: str, attributes: Any = None, timestamp: int | None = None) -> None:
         limits = self._writer.limits
-        attributes = self._bounded(limits.max_event_attributes, attributes)
-        event = (name, timestamp or time_ns(), attributes)
+        bounded = self._bounded(limits.max_event_attributes, attributes)
+        timestamp = time_ns() if timestamp is None else timestamp
+        event = event_values(name, timestamp, bounded, bounded.dropped)
         if limits.max_events is not None and len(self._events) >= limits.max_events:
             self._dropped_events += 1
             if not limits.max_events:
@@ -132,16 +169,15 @@ class WrittenSpan(trace.Span):
 
     def add_link(self, context: SpanContext, attributes: Any = None) -> None:
         limits = self._writer.limits
-        if not context.is_valid:
+        if not _is_valid_link(context, attributes):
             return
         if limits.max_links is not None and len(self._links) >= limits.max_links:
             self._dropped_links += 1
             if not limits.max_links:
                 return
             del self._links[0]  # as the SDK's bounded list: the oldest goes
-        self._links.append(
-            link_values(Link(context, self._bounded(limits.max_link_attributes, attributes)))
-        )
+        bounded = self._bounded(limits.max_link_attributes, attributes)
+        self._links.append(link_values(context, bounded, bounded.dropped))
 
     def update_name(self, name: str) -> None:
         self._name = name

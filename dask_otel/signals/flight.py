@@ -39,7 +39,8 @@ from dask_otel.signals.flight_ring import Ring, RingContents, read_ring
 
 logger = logging.getLogger(__name__)
 
-MAGIC = b"DOTELFR1"
+#: The file format, which includes the layout of the records it copies (compact_spans).
+MAGIC = b"DOTELFR2"
 #: Header: magic, pid, slots, slot size, meta size, then one block per ring.
 _HEADER = struct.Struct("<8sIIII")
 _RING_BLOCKS = (64, 128)  # header offsets of the span ring's block and the log ring's
