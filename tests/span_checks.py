@@ -76,12 +76,11 @@ def carrier_of(spans, trace_id):
 
 
 def assert_task_ids_line_up(spans) -> None:
-    """Each task span has the id derived from (graph, key, generation) and the graph as
-    parent; each attempt span has its generation's id and, as parent, the span of the
-    next generation of the same task (a retry, or the task span)."""
+    """Each task and attempt span has the id derived from (graph, key, generation) and the
+    graph as parent: attempts lie beside the task's span, each within the graph's time;
+    the task's span links to its earlier attempts' spans."""
     tasks = task_spans_by_key(spans)
     assert tasks
-    by_id = {(s.context.trace_id, s.context.span_id): s for s in spans}
     for span in spans:
         if not span.name.startswith(("task ", "attempt ")):
             continue
@@ -90,15 +89,15 @@ def assert_task_ids_line_up(spans) -> None:
         generation = span.attributes.get("dask.task.generation", 0)
         assert span.context.span_id == ids.task_span_id(carrier, key, generation), span.name
         assert span.name.split(" ", 1)[1] == span.attributes["dask.task.prefix"]
-        if span.name.startswith("task "):
-            assert span.parent.span_id == carrier.span_id
-            continue
-        parent = by_id[span.context.trace_id, span.parent.span_id]
-        assert parent.attributes["dask.task.key"] == key
-        assert parent.context.span_id == ids.task_span_id(carrier, key, generation + 1)
-        while parent.name.startswith("attempt "):  # retries, then the task's span
-            parent = by_id[parent.context.trace_id, parent.parent.span_id]
-        assert parent.name.startswith("task ") and parent.attributes["dask.task.key"] == key
+        assert span.parent.span_id == carrier.span_id, span.name
+        if span.name.startswith("task ") and generation:
+            earlier = [
+                link.context.span_id
+                for link in span.links
+                if link.attributes.get("dask.link") == "earlier-attempt"
+            ]
+            first = max(0, generation - ids.MAX_EARLIER_ATTEMPT_LINKS)
+            assert earlier == [ids.task_span_id(carrier, key, g) for g in range(first, generation)]
 
 
 def assert_no_orphans(spans) -> None:

@@ -148,10 +148,20 @@ def test_a_carrier_with_options_not_ours_is_not_a_carrier(suffix):
     assert ids.parse(ids.encode(CARRIER_A) + suffix) is None
 
 
-def test_next_span_id_is_the_next_generations():
-    carrier = ids.Carrier(CARRIER_A, generation=1)
-    assert carrier.span_id("k") == ids.task_span_id(CARRIER_A, "k", 1)
-    assert carrier.next_span_id("k") == ids.task_span_id(CARRIER_A, "k", 2)
+def test_a_task_span_links_its_earlier_attempts():
+    carrier = ids.Carrier(CARRIER_A, generation=2)
+    assert carrier.span_id("k") == ids.task_span_id(CARRIER_A, "k", 2)
+    links = ids.earlier_attempt_links(CARRIER_A, "k", carrier.generation)
+    assert [link.context.span_id for link in links] == [
+        ids.task_span_id(CARRIER_A, "k", 0),
+        ids.task_span_id(CARRIER_A, "k", 1),
+    ]
+    assert all(link.context.trace_id == CARRIER_A.trace_id for link in links)
+    assert all(link.attributes == {"dask.link": "earlier-attempt"} for link in links)
+    assert ids.earlier_attempt_links(CARRIER_A, "k", 0) == []
+    many = ids.earlier_attempt_links(CARRIER_A, "k", 100)
+    assert len(many) == ids.MAX_EARLIER_ATTEMPT_LINKS
+    assert many[-1].context.span_id == ids.task_span_id(CARRIER_A, "k", 99)
 
 
 # -- encode / decode ------------------------------------------------------------------------

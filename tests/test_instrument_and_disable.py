@@ -217,8 +217,7 @@ def test_instrument_client_twice_then_uninstrument(telemetry):
         assert client.submit(inc, 1).result() == 2
         flush_emitters(client)
         names = sorted(s.name for s in telemetry.spans())
-        # get_data: the client fetching the result from the worker.
-        assert names == ["compute inc", "get_data", "graph", "task inc"]
+        assert names == ["compute inc", "graph", "task inc"]
 
         dask_otel.uninstrument(client)
         assert "dask-otel" not in scheduler_plugins(client)

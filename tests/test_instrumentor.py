@@ -58,5 +58,4 @@ def test_other_disabled_instrumentations_leave_dask_otel_on(telemetry, monkeypat
         "compute sum",
         "graph",
         "task sum",
-        "get_data",  # the client fetching the result
     }

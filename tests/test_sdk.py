@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -202,7 +203,8 @@ def test_unknown_role_then_named_on_all_three_providers():
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
             InMemorySpanExporter,
         )
-        sdk.DaskOtelConfigurator().configure()  # `python -c`: no role yet
+        sys.argv = ["-c", "--multiprocessing-fork"]  # a Nanny's spawned child
+        sdk.DaskOtelConfigurator().configure()  # no role yet
         exporter = InMemorySpanExporter()
         trace.get_tracer_provider().add_span_processor(SimpleSpanProcessor(exporter))
         tracer = trace.get_tracer("early")  # obtained before the role is known
@@ -227,6 +229,35 @@ def test_unknown_role_then_named_on_all_three_providers():
         assert after[signal]["service.instance.id"] == before[signal]["service.instance.id"]
     # Tracers handed out before the rename report the new name too.
     assert result["span"]["service.name"] == "dask-worker"
+
+
+def test_a_users_script_is_a_client_from_its_first_signal():
+    """A script's own spans, before any Dask object exists, and its computations' share
+    one ``service.name``; ``host.name`` says which machine."""
+    result = run(
+        """
+        sys.argv = ["/x/job.py"]
+        sdk.DaskOtelConfigurator().configure()
+        before = resources()
+        sdk.configure("scheduler")  # an in-process cluster: the process keeps its name
+        print(json.dumps({"before": before, "after": resources()}))
+        """
+    )
+    for signal in ("tracer", "meter", "logger"):
+        assert result["before"][signal]["service.name"] == "dask-client"
+        assert result["after"][signal]["service.name"] == "dask-client"
+        assert result["before"][signal]["host.name"] == socket.gethostname()
+
+
+def test_host_name_set_by_the_user_wins():
+    result = run(
+        """
+        sdk.DaskOtelConfigurator().configure()
+        print(json.dumps(resources()))
+        """,
+        OTEL_RESOURCE_ATTRIBUTES="host.name=from-user",
+    )
+    assert result["tracer"]["host.name"] == "from-user"
 
 
 def test_role_from_the_command_line():

@@ -66,7 +66,7 @@ def task_span_ids(spans) -> dict[str, tuple[int, int]]:
     }
 
 
-def test_spill_and_unspill_join_the_producers_trace(telemetry):
+def test_spill_and_unspill_root_traces_linked_to_the_producer(telemetry):
     with spill_cluster() as client:
         blocks = client.map(block, range(6))
         wait(blocks)  # all written before any is read: the oldest are on disk by now
@@ -86,7 +86,12 @@ def test_spill_and_unspill_join_the_producers_trace(telemetry):
     assert len(spilled) >= 2 and len(unspilled) >= 1
     for span in spilled + unspilled:
         key = span.attributes["dask.task.key"]
-        assert (span.context.trace_id, span.parent.span_id) == tasks[key]
+        # After the producer's span ended: a trace of its own, linked to that span.
+        assert span.parent is None
+        assert span.context.trace_id != tasks[key][0]
+        (link,) = span.links
+        assert (link.context.trace_id, link.context.span_id) == tasks[key]
+        assert link.attributes == {"dask.link": "result"}
         assert span.attributes["dask.task.prefix"] == "block"
         assert span.attributes["dask.spill.bytes"] >= 2 * MiB
         assert 0 < span.attributes["dask.spill.disk_bytes"] <= 3 * MiB

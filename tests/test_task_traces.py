@@ -157,10 +157,12 @@ def test_failure_with_retries(telemetry):
         assert stacktrace.startswith("Traceback (most recent call last):")
         assert "in fail" in stacktrace and stacktrace.endswith("ValueError: boom 1")
         assert attempt.attributes["error.type"] == "ValueError"
-    # The first attempt under the retry, the retry under the task's span.
+    # Both attempts beside the scheduler's task span, which links to them in order.
     first, retry = sorted(attempts, key=lambda s: s.start_time)
-    assert first.parent.span_id == retry.context.span_id
-    assert retry.parent.span_id == task.context.span_id
+    assert first.parent.span_id == retry.parent.span_id == task.parent.span_id
+    earlier = [link.context.span_id for link in task.links if "earlier" in str(link.attributes)]
+    assert earlier == [first.context.span_id, retry.context.span_id]
+    assert first.end_time <= retry.start_time
     assert [s.attributes.get("dask.task.generation", 0) for s in (first, retry)] == [0, 1]
     assert task.status.status_code == StatusCode.ERROR
     assert "ValueError" in task.status.description
@@ -280,7 +282,8 @@ def test_a_rescheduled_attempt_says_so_and_is_no_error(telemetry):
     assert attempt.attributes["dask.task.rescheduled"] is True
     assert "dask.task.rescheduled" not in task.attributes
     assert {s.status.status_code for s in (attempt, task)} == {StatusCode.UNSET}
-    assert attempt.parent.span_id == task.context.span_id
+    assert attempt.parent.span_id == task.parent.span_id
+    assert attempt.end_time <= task.start_time
     assert task.attributes["dask.task.generation"] == 1
     assert_task_ids_line_up(telemetry.spans())
     assert_no_orphans(telemetry.spans())

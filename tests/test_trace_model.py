@@ -96,7 +96,13 @@ def test_an_attempt_lost_with_its_worker(telemetry):
     assert attempt.status.status_code == StatusCode.ERROR
     assert attempt.attributes["dask.worker.address"] == a
     assert task.attributes["dask.worker.address"] == b
-    assert attempt.parent.span_id == task.context.span_id
+    # Beside the task's span, which links to it.
+    assert attempt.parent.span_id == task.parent.span_id
+    assert [
+        link.context.span_id
+        for link in task.links
+        if link.attributes["dask.link"] == ("earlier-attempt")
+    ] == [attempt.context.span_id]
     assert_task_ids_line_up(spans)
     assert_no_orphans(spans)
 

@@ -1,5 +1,5 @@
 """Transfers between workers and the ``get_data`` requests that serve them, in the
-traces of the tasks they served."""
+traces of the tasks they served, within those tasks' spans."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from span_checks import cluster_and_client, inc, only
 # -- transfers ------------------------------------------------------------------------------
 
 
-def test_transfer_and_get_data_join_the_traces_of_their_tasks(telemetry):
+def test_a_transfer_lies_within_the_task_it_fetched_for(telemetry):
     with cluster_and_client() as (_, client):
         a, b = sorted(client.scheduler_info()["workers"])
         x = client.submit(inc, 1, workers=[a], key="x-1")
@@ -19,15 +19,12 @@ def test_transfer_and_get_data_join_the_traces_of_their_tasks(telemetry):
         flush_emitters(client)
 
     spans = telemetry.spans()
-    task_x, task_y = only(spans, "task x"), only(spans, "task y")
+    task_y = only(spans, "task y")
     transfer = only(spans, "transfer")
-    # x is sent to worker b; y's result to the client, also a get_data (in y's trace).
-    (get_data,) = [
-        s for s in spans if s.name == "get_data" and s.attributes["dask.worker.address"] == a
-    ]
-    # Fetching y's input on worker b: in y's trace, under y's task span.
+    # Fetching y's input on worker b: in y's trace, under y's task span, within it.
     assert transfer.parent.span_id == task_y.context.span_id
     assert transfer.context.trace_id == task_y.context.trace_id
+    assert task_y.start_time <= transfer.start_time <= transfer.end_time <= task_y.end_time
     assert transfer.kind == SpanKind.CLIENT
     assert transfer.attributes["dask.worker.address"] == b
     assert transfer.attributes["dask.peer.address"] == a
@@ -38,12 +35,8 @@ def test_transfer_and_get_data_join_the_traces_of_their_tasks(telemetry):
     assert request.parent.span_id == transfer.context.span_id
     assert request.kind == SpanKind.CLIENT
     assert request.attributes["server.address"] == a  # inproc://: no host and port
-    # Sending x from worker a: in x's trace, under x's task span.
-    assert get_data.parent.span_id == task_x.context.span_id
-    assert get_data.context.trace_id == task_x.context.trace_id
-    assert get_data.kind == SpanKind.SERVER
-    assert get_data.attributes["dask.worker.address"] == a
-    assert get_data.attributes["dask.transfer.bytes"] > 0
+    # Sending x from worker a makes no span: x's span ended before; nothing could hold it.
+    assert not [s for s in spans if s.name == "get_data"]
 
 
 def test_a_transfer_serving_one_task_links_to_nothing(telemetry):

@@ -72,8 +72,7 @@ def check_workload_telemetry(
     spans = rx.spans()
     graph = "graph" if client_traced else "graph slow_inc"
     mapped = trace_of(spans, graph, "task slow_inc")
-    # get_data: the client gathering results from the workers, in the same trace.
-    names = sorted({s["name"] for s in mapped} - {"get_data", "transfer"})
+    names = sorted({s["name"] for s in mapped} - {"transfer"})
     expected = [graph, "task slow_inc"]
     assert names == (["compute slow_inc", *expected] if client_traced else expected), names
     assert not orphans(mapped) and not duplicates(mapped)

@@ -122,14 +122,33 @@ def infer_role(argv: list[str]) -> str | None:
     return None
 
 
+def _role_at_start(argv: list[str]) -> str | None:
+    """The role a process is named after from its first signal: its Dask command's, else
+    ``client`` (a user's script or notebook: one ``service.name`` for its own spans and
+    its computations). None only for a multiprocessing child (a Nanny's worker), whose
+    role is known once Dask runs in it."""
+    role = infer_role(argv)
+    if role is None and "--multiprocessing-fork" not in argv and not forked_from_helper():
+        return "client"
+    return role
+
+
+def _user_set(attribute: str) -> bool:
+    pairs = os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "").split(",")
+    return any(pair.split("=", 1)[0].strip() == attribute for pair in pairs)
+
+
 def _service_name(role: str | None) -> dict[str, str]:
     """``service.name`` for ``role``, unless the user named the service."""
-    if role is None or os.environ.get("OTEL_SERVICE_NAME"):
-        return {}
-    pairs = os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "").split(",")
-    if any(pair.split("=", 1)[0].strip() == "service.name" for pair in pairs):
+    if role is None or os.environ.get("OTEL_SERVICE_NAME") or _user_set("service.name"):
         return {}
     return {"service.name": SERVICE_NAMES[role]}
+
+
+def _host_name() -> dict[str, str]:
+    """``host.name``, unless the user set it: what tells backends which spans come from
+    one machine (Jaeger corrects clock skew only between hosts)."""
+    return {} if _user_set("host.name") else {"host.name": socket.gethostname()}
 
 
 #: Why configuring from ``OTEL_*`` failed in this process, if it did: the process runs
@@ -154,10 +173,14 @@ class DaskOtelConfigurator(_OTelSDKConfigurator):
             return
         if runtime.is_configured():
             return
-        role = kwargs.pop("role", None) or infer_role(sys.argv)
+        role = kwargs.pop("role", None) or _role_at_start(sys.argv)
         for name, value in ENV_DEFAULTS.items():
             os.environ.setdefault(name, value)
-        attributes = {**(kwargs.pop("resource_attributes", None) or {}), **_service_name(role)}
+        attributes = {
+            **(kwargs.pop("resource_attributes", None) or {}),
+            **_host_name(),
+            **_service_name(role),
+        }
         for name, factory in counting_processors().items():
             kwargs.setdefault(name, factory)
         try:

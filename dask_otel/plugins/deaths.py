@@ -3,8 +3,8 @@
 A Nanny (:mod:`dask_otel.plugins.nanny`) notes a :class:`Death` the moment its worker
 process ends; :class:`DeathRecord` turns it, with what the worker's flight recorder held
 (:mod:`dask_otel.signals.flight`), into a ``dask.worker.died`` log record and, per task
-attempt lost, a ``died <prefix>`` span under that attempt's span. Whether the kernel's
-OOM killer struck is read from the worker's memory cgroup.
+attempt lost, a ``died <prefix>`` span beside that attempt's span, linked to it. Whether
+the kernel's OOM killer struck is read from the worker's memory cgroup.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def signal_name(number: int | None) -> str | None:
 
 class DeathRecord:
     """What one death leaves: a ``dask.worker.died`` log record, and per task attempt the
-    worker was executing a ``died <prefix>`` span under that attempt's span (the
+    worker was executing a ``died <prefix>`` span beside that attempt's span (the
     scheduler's, in the task's trace) with a ``dask.task.lost`` log record in it."""
 
     def __init__(
@@ -125,7 +125,8 @@ class DeathRecord:
             died["dask.task.unreported"] = unreported
         if attempts:
             died["dask.task.keys"] = [ids.cap(a.key, self.limit) for a in attempts]
-            traces = {f"{c.trace_id:032x}" for c in map(_parent, attempts) if c is not None}
+            placed = (p for p in map(_placed, attempts) if p is not None)
+            traces = {f"{parent.trace_id:032x}" for parent, _ in placed}
             if traces:
                 died["dask.trace_ids"] = sorted(traces)
         otel_logger.emit(
@@ -150,7 +151,7 @@ class DeathRecord:
         attributes: dict[str, Any],
     ) -> None:
         """The attempt's ``died <prefix>`` span and ``dask.task.lost`` record."""
-        parent = _parent(attempt)
+        placed = _placed(attempt)
         task = {
             "dask.task.key": ids.cap(attempt.key, self.limit),
             "dask.task.prefix": ids.cap(attempt.prefix, self.limit),
@@ -158,12 +159,14 @@ class DeathRecord:
         }
         why = self._why()
         context = _NO_SPAN
-        if parent is not None:
+        if placed is not None:
+            parent, links = placed
             span = tracer.start_span(
                 f"died {task['dask.task.prefix']}",
                 context=trace.set_span_in_context(trace.NonRecordingSpan(parent)),
                 start_time=attempt.start_ns,
                 attributes={**attributes, **task},
+                links=links,
             )
             span.set_status(Status(StatusCode.ERROR, why))
             span.end(self.death.time_ns)
@@ -275,21 +278,26 @@ class DeathRecord:
 _NO_SPAN = trace.set_span_in_context(trace.INVALID_SPAN)
 
 
-def _parent(attempt: flight.Attempt) -> trace.SpanContext | None:
-    """The span a lost attempt's ``died`` span hangs under, named from the annotation the
-    attempt started with: the scheduler's ``attempt`` span (which it emits for a thinned
-    task too), or with ``otel.scheduler.task-spans: all`` the task's ``task`` span (the
-    same id); with no dask-otel scheduler, the submitting client's span."""
+def _placed(attempt: flight.Attempt) -> tuple[trace.SpanContext, list[trace.Link]] | None:
+    """(parent, links) of a lost attempt's ``died`` span, from the annotation the attempt
+    started with: beside the scheduler's ``attempt`` span (which it emits for a thinned
+    task too, at the time of the loss: too late to hold the attempt), under the same
+    ``graph`` span and linked to it; with ``otel.scheduler.task-spans: all`` under the
+    task's ``task`` span (the same id); with no dask-otel scheduler, under the submitting
+    client's span. None if nothing of the task is traced."""
     carrier = ids.parse(attempt.annotation)
     if carrier is None:
         return None
     if carrier.from_client or carrier.scheduler_spans:
         if not carrier.context.trace_flags.sampled:
-            return None  # nothing of this task is traced
+            return None
         if carrier.from_client:
-            return carrier.context
+            return carrier.context, []
     trace_id, span_id = ids.attempt_span_id(attempt.annotation, attempt.key)  # type: ignore[misc]
-    return trace.SpanContext(trace_id, span_id, True, trace.TraceFlags(trace.TraceFlags.SAMPLED))
+    lost = trace.SpanContext(trace_id, span_id, True, trace.TraceFlags(trace.TraceFlags.SAMPLED))
+    if carrier.scheduler_spans:
+        return lost, []
+    return ids.with_sampled(carrier.context, True), [trace.Link(lost, {"dask.link": "attempt"})]
 
 
 def _line(entry: tuple, limit: int) -> str:

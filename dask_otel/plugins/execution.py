@@ -155,7 +155,7 @@ class ExecuteTracer(InstancePatch):
                 else TaskAttemptSpan(carrier, key)
             )
             token = context.attach(trace.set_span_in_context(span))
-        attempt = _Attempt(key, ts.prefix, annotation, span, time_ns())
+        attempt = _Attempt(key, ts.prefix, annotation, span, carriers.taken_up(ts, time_ns()))
         recorder = self.recorder
         if recorder is not None:  # for the Nanny, should this process die during the attempt
             text = ids.cap(ids.key_to_str(key), self.settings.max_attribute_length)
@@ -220,8 +220,8 @@ class ExecuteTracer(InstancePatch):
         elif attempt.outcome == "success":
             links = self._links(attempt, carrier)
             self._emit(attempt, name, carrier, None, links, carrier.span_id)
-        else:  # failed or rescheduled: under the span of the next generation
-            self._emit(attempt, name, carrier, carrier.next_span_id, None, carrier.span_id)
+        else:  # failed or rescheduled: beside the task's span, which links to it
+            self._emit(attempt, name, carrier, None, None, carrier.span_id)
 
     def _keep_anyway(self, attempt: _Attempt) -> bool:
         """A thinned task's attempt is reported if it failed or was slow."""
@@ -286,9 +286,11 @@ class ExecuteTracer(InstancePatch):
         """Links to the spans of the task's dependencies: as the scheduler named them, or
         derived from their keys (same graph; in a thinned graph only those known here)."""
         relation = {"dask.link": "dependency"}
+        key = ids.key_to_str(attempt.key)
+        earlier = ids.earlier_attempt_links(carrier.context, key, carrier.generation)
         if carrier.links is not None:
-            return [trace.Link(link, relation) for link in carrier.links]
-        links = []
+            return earlier + [trace.Link(link, relation) for link in carrier.links]
+        links = earlier
         for key, annotation in attempt.dependencies:
             ref = ids.task_ref(annotation, key)
             if ref is None and not carrier.partial:

@@ -6,7 +6,7 @@ a traced operation is current (a ``transfer``'s ``get_data`` request, a user's s
 ``client.gather``) or the op is listed in ``otel.rpc.always-record``; everything else,
 heartbeats above all, costs one check. Handled requests (SERVER spans) are recorded for the
 always-recorded ops: no trace context travels in Dask's messages, so a server cannot tell
-a traced request from any other (``get_data`` has its own span, see ``worker.py``).
+a traced request from any other.
 Nothing nests under a request: the event loop notes its parent, times and attributes, and
 this process's emitter thread builds the span.
 """

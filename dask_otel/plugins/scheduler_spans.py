@@ -168,7 +168,8 @@ class TaskSpans:
             context=trace.set_span_in_context(trace.NonRecordingSpan(parent)),
             start_time=record.start_ns,
             attributes=attributes,
-            links=_dependency_links(record.dependencies or ()),
+            links=ids.earlier_attempt_links(carrier, key, record.generation)
+            + _dependency_links(record.dependencies or ()),
         )
         for state, timestamp, stimulus_id, worker in record.events:
             event_attributes = {"dask.stimulus.id": stimulus_id} if stimulus_id else {}
@@ -184,10 +185,7 @@ class TaskSpans:
     ) -> None:
         """Emit the ``attempt`` span of an attempt lost with its worker (retired if
         ``expected``, else died), in ``carrier``'s generation."""
-        context = ids.with_sampled(carrier.context, True)
-        parent = trace.SpanContext(
-            context.trace_id, carrier.next_span_id(key), True, context.trace_flags
-        )
+        parent = ids.with_sampled(carrier.context, True)
         span = self._ids.start_span(
             carrier.span_id(key),
             f"attempt {attributes['dask.task.prefix']}",

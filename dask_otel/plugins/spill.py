@@ -2,11 +2,12 @@
 
 Dask's ``SpillBuffer`` keeps its disk layer (``Slow``) behind a ``zict.Cache``; dask-otel
 puts :class:`TracedDisk` in front of it, so a span covers exactly the pickling and the
-file write (or the read and unpickling) of one key, with the sizes Dask measured. The
-span joins the trace of the task that produced the data (its deterministic ``task``
-span is the parent). Why a key was spilled comes from who asked: the memory monitor
-(process memory above the spill threshold), a call to ``evict()`` (explicit), or else the
-buffer itself (managed memory above the target threshold).
+file write (or the read and unpickling) of one key, with the sizes Dask measured. Data
+is spilled and read back after the task that produced it ended: the span roots a trace
+of its own, linked to that task's span (``dask.link`` ``result``). Why a key was spilled
+comes from who asked: the memory monitor (process memory above the spill threshold), a
+call to ``evict()`` (explicit), or else the buffer itself (managed memory above the
+target threshold).
 """
 
 from __future__ import annotations
@@ -90,8 +91,8 @@ class TracedDisk(MutableMapping):
 
     def _start(
         self, operation: str, key: Any, attributes: dict
-    ) -> tuple[str, tuple[trace.SpanContext, str], dict[str, Any]] | None:
-        """(span name, parent, attributes) if the task that produced ``key`` is traced."""
+    ) -> tuple[str, ids.TaskRef, dict[str, Any]] | None:
+        """(span name, the task that produced ``key``, attributes) if that task is traced."""
         try:
             ts = self.worker.state.tasks.get(key)
             traced = self.carriers.traced(ts) if ts is not None else None
@@ -104,7 +105,7 @@ class TracedDisk(MutableMapping):
                 {
                     **self.attributes,
                     **attributes,
-                    "dask.task.key": ids.cap(traced[1], self.limit),
+                    "dask.task.key": ids.cap(traced.key, self.limit),
                     "dask.task.prefix": prefix,
                 },
             )
@@ -132,7 +133,7 @@ class _SpillScope:
         disk: TracedDisk,
         key: Any,
         name: str,
-        parent: tuple[trace.SpanContext, str],
+        parent: ids.TaskRef,
         attributes: dict[str, Any],
     ) -> None:
         self.disk = disk
@@ -150,7 +151,13 @@ class _SpillScope:
         # Dask wraps a pickling failure; the cause says what could not be pickled.
         cause = exc.__cause__ if isinstance(exc, PickleError) else None
         self.disk.spans.submit(
-            self.name, self.parent, trace.SpanKind.INTERNAL, times, self.attributes, cause or exc
+            self.name,
+            trace.INVALID_SPAN_CONTEXT,  # after the task's span: a trace of its own
+            trace.SpanKind.INTERNAL,
+            times,
+            self.attributes,
+            cause or exc,
+            [ids.task_link(self.parent, "result")],
         )
 
 

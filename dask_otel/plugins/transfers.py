@@ -1,10 +1,12 @@
-"""A worker's data movement: ``transfer`` spans and metrics for every dependency fetch,
-``get_data`` spans for the data it sends a peer, each in the trace of a task concerned."""
+"""A worker's data movement: ``transfer`` spans and metrics for every dependency fetch.
+
+The sending side makes no span of its own: it serves data after the task that produced
+it ended, so no span of that task's trace could hold it, and no trace context travels in
+Dask's messages. ``otel.rpc.always-record: [get_data]`` records it as a SERVER root."""
 
 from __future__ import annotations
 
 import asyncio
-import functools
 from itertools import islice
 from time import perf_counter, time_ns
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -20,7 +22,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from dask_otel.plugins import rpc
 from dask_otel.plugins.worker_patch import InstancePatch, tracing_failed
-from dask_otel.spans import errors, ids
+from dask_otel.spans import ids
 from dask_otel.spans.records import DeferredSpan
 
 if TYPE_CHECKING:
@@ -139,14 +141,18 @@ class TransferTracer(InstancePatch):
         dependents = (
             dependent for ts in filter(None, map(tasks.get, keys)) for dependent in ts.dependents
         )
+        first = None
         for dependent in islice(dependents, DEPENDENTS_EXAMINED):
             traced = self.carriers.traced(dependent)
             if traced is not None:
+                first = first or dependent
                 served[traced.key] = traced
                 if len(served) == wanted:
                     break
         if not served:
             return None
+        # The task's span begins at its first fetch, so that it covers this one.
+        self.carriers.fetching(first, time_ns())
         parent, *links = served.values()
         return (
             parent,
@@ -159,79 +165,3 @@ class TransferTracer(InstancePatch):
                 "dask.transfer.bytes": nbytes,
             },
         )
-
-
-class GetDataTracer:
-    """``get_data`` spans: this worker sending data to a peer, in the producer's trace.
-
-    Nothing nests under them: the event loop notes the times, the emitter builds them.
-    """
-
-    def __init__(
-        self, worker: Worker, spans: EndedSpans, attributes: dict, carriers: ids.TaskCarriers
-    ) -> None:
-        self.worker = worker
-        self.spans = spans
-        self.attributes = attributes
-        self.carriers = carriers
-        self.original = worker.handlers["get_data"]
-        # Dask reads a handler's signature (``comm`` first, ``serializers`` accepted):
-        # the handler it calls shows the original's.
-        self.handler = functools.update_wrapper(functools.partial(self.get_data), self.original)
-
-    def install(self) -> None:
-        self.worker.handlers["get_data"] = self.handler
-
-    def uninstall(self) -> None:
-        if self.worker.handlers.get("get_data") is self.handler:
-            self.worker.handlers["get_data"] = self.original
-
-    async def get_data(self, comm: Any, **kwargs: Any) -> Any:
-        try:
-            started = self._start(comm, kwargs.get("keys") or (), kwargs.get("who"))
-        except Exception:
-            tracing_failed()
-            started = None
-        if started is None:
-            return await self.original(comm, **kwargs)
-        produced, attributes = started
-        start = time_ns()
-        error = None
-        try:
-            result = await self.original(comm, **kwargs)
-        except BaseException as e:
-            errors.hide_frame(e)
-            error = e
-            raise
-        else:
-            if isinstance(result, dict) and result.get("status") == "busy":
-                attributes["dask.transfer.outcome"] = "busy"
-            return result
-        finally:
-            times = (start, time_ns())
-            self.spans.submit("get_data", produced, SpanKind.SERVER, times, attributes, error)
-            error = None  # no cycle exception -> traceback -> frame -> error (3.10 keeps it)
-
-    def _start(
-        self, comm: Any, keys: Any, who: str | None
-    ) -> tuple[ids.TaskRef, dict[str, Any]] | None:
-        """(the traced task whose data is sent, the span's attributes), or None."""
-        tasks = self.worker.state.tasks
-        produced = None
-        nbytes = 0
-        for key in keys:
-            ts = tasks.get(key)
-            if ts is None:
-                continue
-            nbytes += ts.nbytes or 0
-            produced = produced or self.carriers.traced(ts)
-        if produced is None:
-            return None
-        peer = who or getattr(comm, "peer_address", "")
-        return produced, {
-            **self.attributes,
-            "dask.peer.address": peer,
-            **rpc.peer_attributes(peer, "network.peer"),
-            "dask.transfer.keys": len(keys),
-            "dask.transfer.bytes": nbytes,
-        }

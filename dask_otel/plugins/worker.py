@@ -1,12 +1,12 @@
 """Worker plugin: the span of each task attempt (``task <prefix>`` for the one that
 produced the result, ``attempt <prefix>`` otherwise; :mod:`~dask_otel.plugins.execution`),
-``transfer`` and ``get_data`` (:mod:`~dask_otel.plugins.transfers`), ``spill``.
+``transfer`` (:mod:`~dask_otel.plugins.transfers`), ``spill`` and ``unspill``.
 
 Every span names its parent by a deterministic id (:mod:`dask_otel.spans.ids`), so no
 message is added and nobody waits: an attempt's span is its task's in its generation,
-parented to the graph span (or, for an attempt without a result, to the next
-generation's span); a fetch (``transfer``) is under the task whose inputs it fetched,
-``get_data`` under the task that produced the data sent. The attempt's span is current
+parented to the graph span (an attempt without a result too, beside the span of the
+one that produced it, which links to it); a fetch (``transfer``) is under the task
+whose inputs it fetched, which begins at its first fetch. The attempt's span is current
 while the task runs: ``Worker.execute`` hands contextvars to the executor thread, so
 user spans nest under it and user log records carry its ids.
 
@@ -29,7 +29,7 @@ from dask_otel.plugins import client, rpc
 from dask_otel.plugins.activation import activate
 from dask_otel.plugins.execution import ExecuteTracer
 from dask_otel.plugins.spill import SpillTracer
-from dask_otel.plugins.transfers import GetDataTracer, TransferTracer
+from dask_otel.plugins.transfers import TransferTracer
 from dask_otel.runtime import PLUGIN_NAME
 from dask_otel.signals import metrics
 from dask_otel.spans import ids
@@ -120,8 +120,6 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
             self._execute,
             TransferTracer(worker, ended, sources, attributes, settings, carriers),
         ]
-        if settings.transfer_spans:
-            self._patches.append(GetDataTracer(worker, ended, attributes, carriers))
         if settings.spill_spans and SpillTracer.applies(worker):
             self._patches.append(SpillTracer(worker, ended, attributes, limit, carriers))
         for patch in self._patches:

@@ -76,7 +76,7 @@ def task_span_id(carrier: trace.SpanContext, key: str, generation: int = 0) -> i
     generation is 0 until an attempt ends without a result (see :class:`Carrier`); the
     attempt that runs in generation ``g`` is current in its thread with this id, and is
     emitted with it: as the ``task`` span if it produced the result, as an ``attempt``
-    span under generation ``g + 1``'s span if it did not.
+    span beside it (under the same parent, linked from the later span) if it did not.
     """
     text = key if not generation else f"{key}\x00{generation}"
     digest = hashlib.blake2b(
@@ -175,11 +175,6 @@ class Carrier(NamedTuple):
     def span_id(self, key: str) -> int:
         """This generation's span id for ``key``."""
         return task_span_id(self.context, key, self.generation)
-
-    def next_span_id(self, key: str) -> int:
-        """The span id of the generation after this one: the parent of this attempt's
-        span if it ends without a result."""
-        return task_span_id(self.context, key, self.generation + 1)
 
     def encode(self) -> str:
         parts = [encode(self.context)]
@@ -294,9 +289,20 @@ class TaskCarriers:
 
     def __init__(self) -> None:
         self._by_task: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        #: When the worker began fetching each task's inputs (ns), until it runs the task.
+        self._fetching_since: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
     def set(self, ts: Any, annotation: str) -> None:
         self._by_task[ts] = annotation
+
+    def fetching(self, ts: Any, start_ns: int) -> None:
+        """The worker began fetching inputs of ``ts`` (its first fetch counts)."""
+        self._fetching_since.setdefault(ts, start_ns)
+
+    def taken_up(self, ts: Any, now_ns: int) -> int:
+        """When the attempt at ``ts`` starting now began: at its first input fetch, so
+        that the task's span covers the ``transfer`` spans under it."""
+        return min(self._fetching_since.pop(ts, now_ns), now_ns)
 
     def get(self, ts: Any) -> Any:
         """The carrier ``ts`` runs with; for a task sent before dask-otel's plugin was
@@ -323,6 +329,31 @@ def task_ref(annotation: object, key: Any) -> TaskRef | None:
 def task_context(task: TaskRef) -> Context:
     """A context whose current span is the (remote) span of ``task``."""
     return trace.set_span_in_context(trace.NonRecordingSpan(task.span_context))
+
+
+#: Earlier attempts a task's span links to: the latest ones.
+MAX_EARLIER_ATTEMPT_LINKS = 8
+
+
+def earlier_attempt_links(
+    context: trace.SpanContext, key: str, generation: int
+) -> list[trace.Link]:
+    """Links from the span of ``key``'s attempt in ``generation`` to the ``attempt`` spans
+    of the generations before it, which lie beside it: each ended before the next began,
+    so none can be another's parent."""
+    first = max(0, generation - MAX_EARLIER_ATTEMPT_LINKS)
+    return [
+        trace.Link(
+            trace.SpanContext(
+                context.trace_id,
+                task_span_id(context, key, earlier),
+                True,
+                trace.TraceFlags(trace.TraceFlags.SAMPLED),
+            ),
+            {"dask.link": "earlier-attempt"},
+        )
+        for earlier in range(first, generation)
+    ]
 
 
 def task_link(task: TaskRef, relation: str) -> trace.Link:

@@ -42,6 +42,8 @@ _ERROR_SEVERITY = 17
 _CLUSTER_OPERATIONS = frozenset(
     ("graph", "task", "attempt", "execute", "transfer", "get_data", "spill", "unspill", "died")
 )
+#: Work on a task's result after the task ended: each span roots a trace of its own.
+_RESULT_WORK = ("spill", "unspill")
 
 
 class SummaryError(Exception):
@@ -183,6 +185,12 @@ class Summary:
         self.spans += 1
         self.by_operation[span.operation, span.role] += 1
         self.span_ids.add((span.trace, span.span_id))
+        if span.operation in _RESULT_WORK and not span.parent:
+            # A trace of its own, linked to the task whose result it moved: a tally of
+            # what moved, not a computation to list.
+            if span.worker:
+                self._add_movement(span)
+            return
         if span.parent:
             self.parents.append((span.trace, span.parent))
         trace = self.traces[span.trace]
@@ -199,7 +207,7 @@ class Summary:
             self.answered.add((span.trace, span.parent))
         if span.key:
             self._add_task_span(span, trace)
-        if operation in ("transfer", "spill", "unspill") and span.worker:
+        if operation in ("transfer", *_RESULT_WORK) and span.worker:
             self._add_movement(span)
 
     def _add_task_span(self, span: Span, trace: _Trace) -> None:

@@ -86,7 +86,12 @@ class Stack:
     # -- the pipeline ---------------------------------------------------------------------
 
     def start_pipeline(self) -> None:
-        jaeger_env = {**self.base_env(), "JAEGER_LISTEN_HOST": "0.0.0.0"}
+        # Jaeger traces itself to its own receiver unless told not to.
+        jaeger_env = {
+            **self.base_env(),
+            "JAEGER_LISTEN_HOST": "0.0.0.0",
+            "OTEL_TRACES_SAMPLER": "always_off",
+        }
         for host in ("jaeger", "tempo"):
             self.network.start(host, [self.binaries["jaeger"]], jaeger_env, host)
         data = self.workdir / "prometheus-data"
@@ -200,6 +205,8 @@ class Stack:
             process.popen.wait(timeout)
         except subprocess.TimeoutExpired:
             self.network.stop(process)
-            raise AssertionError(f"{label} did not finish in {timeout} s:\n{process.tail()}")
+            raise AssertionError(
+                f"{label} did not finish in {timeout} s:\n{process.tail()}"
+            ) from None
         assert process.popen.returncode == 0, f"{label} failed:\n{process.tail()}"
         return process

@@ -69,14 +69,14 @@ def test_each_computation_is_one_trace_with_one_root(recording: Recording) -> No
     for trace in recording.traces.values():
         names = [span["operationName"] for span in roots(trace)]
         assert len(names) == 1, f"trace {trace['traceID']} has roots {names}"
-    root_names = Counter(
-        roots(trace)[0]["operationName"] for trace in recording.traces.values()
-    )
+    root_names = Counter(roots(trace)[0]["operationName"] for trace in recording.traces.values())
     for name in ("compute flaky", "compute fail_for_good", "compute hog_memory"):
         assert root_names[name] == 1, root_names
     user = recording.traces[recording.outcome["user_trace_id"]]
     assert roots(user)[0]["operationName"] == "nightly report"
-    computes = [s["operationName"] for s in user["spans"] if s["operationName"].startswith("compute")]
+    computes = [
+        s["operationName"] for s in user["spans"] if s["operationName"].startswith("compute")
+    ]
     assert sorted(computes) == ["compute log_inside", "compute sum"], computes
 
 
@@ -126,9 +126,7 @@ def test_one_service_name_per_process(recording: Recording) -> None:
         names[instance].add(service(trace, span))
     several = {instance: found for instance, found in names.items() if len(found) > 1}
     assert not several
-    assert not any(
-        name.startswith("unknown_service") for found in names.values() for name in found
-    )
+    assert not any(name.startswith("unknown_service") for found in names.values() for name in found)
 
 
 KINDS = {
@@ -146,7 +144,7 @@ KINDS = {
 def test_span_kinds_follow_the_contract(recording: Recording) -> None:
     wrong = []
     for pattern, kind in KINDS.items():
-        for trace, span in by_name(recording.traces, pattern):
+        for _trace, span in by_name(recording.traces, pattern):
             if tags(span).get("span.kind") != kind:
                 wrong.append((span["operationName"], tags(span).get("span.kind")))
     assert not wrong, wrong[:10]
@@ -167,7 +165,9 @@ def test_failures_are_errors_where_they_happened(recording: Recording) -> None:
             if tags(s).get("otel.status_code") == "ERROR"
         ]
 
-    flaky = [t for t in recording.traces.values() if roots(t)[0]["operationName"] == "compute flaky"]
+    flaky = [
+        t for t in recording.traces.values() if roots(t)[0]["operationName"] == "compute flaky"
+    ]
     failed_attempts = [s for s in flaky[0]["spans"] if s["operationName"] == "attempt flaky"]
     assert len(failed_attempts) == 1 and tags(failed_attempts[0])["otel.status_code"] == "ERROR"
     assert any(tags(s).get("error.type") == "ValueError" for _, s in errors(r"task fail_for_good"))
