@@ -86,8 +86,23 @@ def load_yaml(path: Path) -> Any:
     return yaml.safe_load(path.read_text())
 
 
+#: Merged over collector-config.yaml by docker-compose.yml (a second ``--config``).
+COLLECTOR_OVERLAY = "deploy/collector/service-graph.yaml"
+
+
+def merged(base: Any, overlay: Any) -> Any:
+    """Two collector configs as the collector merges them: maps key by key, anything else
+    (lists included) replaced by the overlay's."""
+    if isinstance(base, dict) and isinstance(overlay, dict):
+        return {k: merged(base[k], v) if k in base else v for k, v in overlay.items()} | {
+            k: v for k, v in base.items() if k not in overlay
+        }
+    return overlay
+
+
 def collector(root: Path) -> dict[str, Any]:
-    return load_yaml(root / "collector-config.yaml")
+    """The collector's configuration as compose runs it: the file and the overlay."""
+    return merged(load_yaml(root / "collector-config.yaml"), load_yaml(root / COLLECTOR_OVERLAY))
 
 
 def compose(root: Path) -> dict[str, Any]:
@@ -117,7 +132,11 @@ def command_words(service: dict[str, Any]) -> list[str]:
 
 
 def hostname(endpoint: str) -> str:
-    """``http://prometheus:9090/api`` or ``jaeger:4317`` -> the host name."""
+    """``http://prometheus:9090/api`` or ``jaeger:4317`` -> the host name; an endpoint
+    from ``${env:NAME:-default}`` is its default (compose sets none of those variables)."""
+    default = re.fullmatch(r"\$\{env:\w+:-(.*)\}", endpoint)
+    if default:
+        endpoint = default[1]
     without_scheme = endpoint.split("://", 1)[-1]
     return re.split(r"[:/]", without_scheme, maxsplit=1)[0]
 
@@ -832,7 +851,7 @@ BREAKAGES: list[tuple[str, Callable[[Path], None], Callable[[Path], CheckResult]
     (
         "one-sided connector",
         edit_yaml(
-            COLLECTOR,
+            COLLECTOR_OVERLAY,
             lambda c: c["service"]["pipelines"]["metrics"]["receivers"].remove("service_graph"),
         ),
         check_connectors_both_sides,
@@ -890,7 +909,9 @@ BREAKAGES: list[tuple[str, Callable[[Path], None], Callable[[Path], CheckResult]
     (
         "exporter to unknown host",
         replace_text(
-            COLLECTOR, "endpoint: http://loki:3100/otlp", "endpoint: http://logs:3100/otlp"
+            COLLECTOR,
+            "LOGS_OTLP_ENDPOINT:-http://loki:3100/otlp",
+            "LOGS_OTLP_ENDPOINT:-http://logs:3100/otlp",
         ),
         check_exporter_hosts_are_services,
     ),
