@@ -109,6 +109,28 @@ def test_compute_spans_are_named_after_what_ran(telemetry):
             assert new[0] == f"compute {expected}", (expected, new)
 
 
+def test_collections_are_named_after_the_users_last_operation(telemetry):
+    """Whatever Dask lowers them to: a grouped sum over 20 partitions is a tree of
+    ``call_with_list_arg`` tasks, a shuffle ``p2pshuffle``. (The scheduler, which sees
+    only tasks, names a graph it roots after them.)"""
+    dd = pytest.importorskip("dask.dataframe")  # pandas and pyarrow: not in the test extra
+    import pandas as pd
+
+    frame = pd.DataFrame({"key": [i % 7 for i in range(200)], "amount": range(200)})
+    df = dd.from_pandas(frame, npartitions=20)
+    with in_process_cluster() as client, dask.config.set({"dataframe.shuffle.method": "tasks"}):
+        for run in (
+            lambda: client.compute(df.groupby("key").amount.sum()).result(),
+            lambda: df.groupby("key").amount.sum(split_out=4).compute(),
+            lambda: client.persist(df.groupby("key").amount.sum()).compute(),
+            lambda: dask.compute(df.groupby("key").amount.sum(), df.amount.max()),
+        ):
+            before = len(telemetry.spans("compute"))
+            run()
+            new = {s.name for s in telemetry.spans("compute")[before:]}
+            assert new <= {"compute sum", "compute max, sum"}, new
+
+
 def test_graph_spans_rooted_by_the_scheduler_are_named_alike(telemetry):
     with in_process_cluster() as client:
         for expected, run in computations(client):

@@ -25,7 +25,7 @@ from wrapt import wrap_function_wrapper
 
 from dask_otel import runtime
 from dask_otel.config import Settings
-from dask_otel.plugins import unanswered
+from dask_otel.plugins import collection_names, unanswered
 from dask_otel.plugins.activation import activate
 from dask_otel.runtime import report_once
 from dask_otel.spans import errors, ids, naming
@@ -48,6 +48,7 @@ def trace_submissions(scope: str) -> None:
     with _holders_lock:
         if not _holders:
             wrap_function_wrapper(distributed.Client, "_graph_to_futures", traced_graph_to_futures)
+            collection_names.install()
         _holders[scope] += 1
 
 
@@ -59,6 +60,7 @@ def untrace_submissions(scope: str) -> None:
         patched = distributed.Client.__dict__["_graph_to_futures"]
         if not _holders and hasattr(patched, "__wrapped__"):
             distributed.Client._graph_to_futures = patched.__wrapped__
+            collection_names.uninstall()
 
 
 def traced_graph_to_futures(wrapped: Any, client: Any, args: Any, kwargs: Any) -> Any:
@@ -147,7 +149,10 @@ def _start_span(client: Any, args: Any, kwargs: Any) -> tuple[trace.Span, Settin
     _warn_about_annotation()
     expr = kwargs["expr"] if "expr" in kwargs else args[0] if args else None
     keys = kwargs["keys"] if "keys" in kwargs else args[1] if len(args) > 1 else ()
-    name = naming.computation_name(keys, _inputs_in(expr), settings.max_attribute_length)
+    limit = settings.max_attribute_length
+    user_names = collection_names.current()  # before Dask's optimization renamed them
+    name = naming.listed(user_names, limit) if user_names else None
+    name = name or naming.computation_name(keys, _inputs_in(expr), limit)
     attributes: dict[str, Any] = {"dask.client.id": client.id, "dask.graph.keys": len(keys)}
     cluster_id = (getattr(client, "_scheduler_identity", None) or {}).get("id")
     if cluster_id:

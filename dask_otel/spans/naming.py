@@ -65,9 +65,15 @@ def computation_name(
         prefix = key_split(key)
         inner = [key_split(k) for k in islice(wrapped(key), LOOK_AT)] if is_wrapper(prefix) else []
         names.update(operation(p) for p in inner or [prefix])
-    if not names:
+    return listed(names, limit)
+
+
+def listed(names: Iterable[str], limit: int) -> str | None:
+    """``inc, mean, sum +2``: the distinct ``names`` sorted, the first :data:`MAX_NAMES`
+    of them, in at most ``limit`` characters; None without names."""
+    shown = sorted(set(names))
+    if not shown:
         return None
-    shown = sorted(names)
     text = ", ".join(shown[:MAX_NAMES])
     if len(shown) > MAX_NAMES:
         text += f" +{len(shown) - MAX_NAMES}"
