@@ -25,6 +25,9 @@ REPORTED_BY_WORKER = ("task-erred", "reschedule")
 #: worker reported: a stale run (cancelled while running, asked for again, resumed by
 #: the worker), which Dask computes again. The worker emitted that run's ``task`` span.
 STALE_RESULT = "task-finished"
+#: How long the span of an attempt lost with a worker already gone lasts: backends turn
+#: down spans of no duration.
+LOST_INSTANT_NS = 1_000
 
 
 class Anomalies:
@@ -169,7 +172,15 @@ class Anomalies:
         if carrier.generation:
             attributes["dask.task.generation"] = carrier.generation
         self._carriers.next_generation(ts, traced=True)
-        self._emitter.submit(self._spans.attempt, carrier, key, attributes, expected, now)
+        times = (self._last_heard(worker, now), now)
+        self._emitter.submit(self._spans.attempt, carrier, key, attributes, expected, times)
+
+    def _last_heard(self, worker: str | None, now: int) -> int:
+        """When the scheduler last heard from ``worker`` (ns), where the span of an attempt
+        lost with it begins; an instant before ``now`` once the worker is gone."""
+        ws = self._scheduler.workers.get(worker) if worker else None
+        seen = int(ws.last_seen * 1e9) if ws is not None and ws.last_seen else 0
+        return seen if 0 < seen < now else now - LOST_INSTANT_NS
 
     def _anomaly(
         self, ts: Any, carrier: ids.Carrier, graph: Graph | None, state: str, now: int

@@ -1,5 +1,5 @@
-"""The client side: a ``compute <name>`` span around every graph submission, named
-after what the user ran (:mod:`dask_otel.spans.naming`).
+"""The client side: a ``compute <name>`` span from every graph submission until its
+results are ready, named after what the user ran (:mod:`dask_otel.spans.naming`).
 
 ``Client._graph_to_futures`` is the one path behind compute, persist, submit, map and
 get. The span's context rides to the scheduler as a global annotation, the one channel
@@ -79,7 +79,9 @@ def traced_graph_to_futures(wrapped: Any, client: Any, args: Any, kwargs: Any) -
     try:
         if started is None:
             return wrapped(*args, **kwargs)
-        return _submit_traced(wrapped, args, kwargs, *started)
+        futures = _submit_traced(wrapped, args, kwargs, *started)
+        _end_when_ready(client, futures, started[0])
+        return futures
     except BaseException as e:
         errors.hide_frame(e)
         raise
@@ -88,7 +90,8 @@ def traced_graph_to_futures(wrapped: Any, client: Any, args: Any, kwargs: Any) -
 def _submit_traced(
     wrapped: Any, args: Any, kwargs: Any, span: trace.Span, settings: Settings
 ) -> Any:
-    """The submission in its ``compute`` span, whose context rides as the annotation."""
+    """The submission in its ``compute`` span, whose context rides as the annotation; a
+    submission that failed ends it."""
     token = context.attach(trace.set_span_in_context(span))
     try:
         carrier = ids.Carrier(span.get_span_context(), from_client=True)
@@ -97,13 +100,54 @@ def _submit_traced(
     except BaseException as e:
         errors.hide_frame(e)
         _record_failure(span, e, settings)
+        _end(span)
         raise
     finally:
         context.detach(token)
-        try:
+
+
+#: Compute spans waiting for their results: ended at exit if still open.
+_waiting: set[trace.Span] = set()
+
+
+def _end_when_ready(client: Any, futures: Any, span: trace.Span) -> None:
+    """End ``span`` once every result it asked for is ready, erred or released: the
+    scheduler's ``graph`` span, its child, lasts as long (a child never outlasts its
+    parent). Waits on the client's event loop, no thread."""
+    try:
+        states = [client.futures.get(key) for key in futures]
+        pending = [state for state in states if state is not None and not state.done()]
+        if pending:
+            _waiting.add(span)
+            runtime.at_exit("build", _end_waiting)
+            client.loop.add_callback(_end_after, pending, span)
+            return
+    except Exception as e:
+        report_once(logger, f"client wait: {e}", "dask-otel: compute spans end at once: %s", e)
+    _end(span)
+
+
+async def _end_after(states: list[Any], span: trace.Span) -> None:
+    try:
+        for state in states:
+            await state.wait()
+    finally:
+        _end(span)
+
+
+def _end_waiting() -> None:
+    """At exit: the compute spans whose results never came (the process ends first)."""
+    for span in list(_waiting):
+        _end(span)
+
+
+def _end(span: trace.Span) -> None:
+    _waiting.discard(span)
+    try:
+        if span.is_recording():  # not ended yet (at exit and by its waiter, say)
             span.end()
-        except Exception as e:
-            report_once(logger, f"client: {e}", "dask-otel: cannot end a compute span: %s", e)
+    except Exception as e:
+        report_once(logger, f"client: {e}", "dask-otel: cannot end a compute span: %s", e)
 
 
 def _record_failure(span: trace.Span, e: BaseException, settings: Settings) -> None:

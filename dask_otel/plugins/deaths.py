@@ -169,7 +169,7 @@ class DeathRecord:
                 links=links,
             )
             span.set_status(Status(StatusCode.ERROR, why))
-            span.end(self.death.time_ns)
+            span.end(self._last_alive(attempt.start_ns))
             context = trace.set_span_in_context(span)
         keep = ("dask.worker.death.cause", "dask.worker.death.signal", "process.exit.code")
         otel_logger.emit(
@@ -189,6 +189,18 @@ class DeathRecord:
                 event_name="dask.task.lost",
             )
         )
+
+    def _last_alive(self, start_ns: int) -> int:
+        """Where a ``died`` span ends: when the Nanny decided to kill the worker, else its
+        last memory reading, else the death. Not the death itself: the scheduler may
+        notice the closed connection first and end the ``graph`` span holding it."""
+        death = self.death
+        kill = death.memory_kill
+        if kill is not None and kill.pid == death.pid:
+            last = kill.time_ns
+        else:
+            last = death.memory[-1][0] if death.memory else death.time_ns
+        return last if start_ns < last <= death.time_ns else death.time_ns
 
     def _cause(self) -> dict[str, Any]:
         death = self.death

@@ -176,6 +176,8 @@ class ExecuteTracer(InstancePatch):
             if recorder is not None:
                 recorder.ended(slot)
             attempt.end_ns = time_ns()
+            if span is not None:
+                span.ended(attempt.end_ns)
             attempt.thread = self.worker.threads.get(key)
             # A worker the scheduler removed meanwhile (closing or closed) reports no
             # span: the scheduler's ``attempt`` or ``task`` span stands for the attempt.

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 from collections import deque
@@ -49,7 +50,7 @@ from dask_otel.plugins.deaths import (
     read_oom_kills,
 )
 from dask_otel.runtime import PLUGIN_NAME, report_once
-from dask_otel.signals import flight, flight_folders, metrics
+from dask_otel.signals import flight, flight_folders, flight_labels, metrics
 from dask_otel.spans import emitter
 from dask_otel.version import __version__
 
@@ -158,17 +159,15 @@ class WorkerWatch:
         self._closed = False
         #: This Nanny's mark on its flight recorders' directory (None: not made).
         self._mark: str | None = None
+        #: Whose directory it is: what others' it may send (its cluster joins when known).
+        self.label = flight_labels.Label(flight_labels.destination())
 
     # -- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> None:
         nanny = self.nanny
         if self.settings.flight_recorder_size:
-            with contextlib.suppress(OSError):
-                self._mark = flight_folders.own(self.folder)
-            self._examine_remains()  # left by an earlier Nanny at this address
-            for folder in flight_folders.orphans(self.folder):  # and by Nannies that are gone
-                emitter.shared().submit(self._clean_up_after, folder)
+            self._take_folder()
         self._wrap("log_event", self._log_event)
         self._wrap("kill", self._kill)
         self._wrap("instantiate", self._instantiate)
@@ -203,6 +202,29 @@ class WorkerWatch:
         # flushes (bounded): not waited for here, with a collector that may be down.
         await emitter.off_loop(emitter.shared().close, self.settings.flush_timeout)
 
+    def _take_folder(self) -> None:
+        """Make this Nanny's directory of flight recorders, and send what the dead workers
+        of Nannies that are gone left there, if they are of this cluster or export where
+        this Nanny does (:mod:`dask_otel.signals.flight_labels`)."""
+        folder = self.folder
+        # An earlier Nanny's at this address: another cluster's stays that cluster's.
+        if flight_folders.private(folder) and not self.label.adopts(flight_labels.read(folder)):
+            flight_folders.set_aside(folder)
+        try:
+            self._mark = flight_folders.own(folder)
+            flight_labels.write(folder, self.label)
+        except OSError as e:
+            logger.warning("dask-otel: this Nanny's workers keep no flight recorder: %s", e)
+            return
+        self._examine_remains()  # left by an earlier Nanny at this address
+        self._adopt_orphans()
+
+    def _adopt_orphans(self) -> None:
+        """Clean up after the Nannies that are gone whose remains this one may send."""
+        for folder in flight_folders.orphans(self.folder):
+            if self.label.adopts(flight_labels.read(folder)):
+                emitter.shared().submit(self._clean_up_after, folder)
+
     def _wrap(self, name: str, wrapper: Callable[..., Any]) -> None:
         original = getattr(self.nanny, name)
         self._originals[name] = original
@@ -217,6 +239,11 @@ class WorkerWatch:
             logger.warning("dask-otel: cannot read the scheduler's id, records lack it: %r", e)
             return
         self.attributes["dask.cluster.id"] = identity["id"]
+        if self._mark is not None and not self._closed:
+            self.label = dataclasses.replace(self.label, cluster=identity["id"])
+            with contextlib.suppress(OSError):
+                flight_labels.write(self.folder, self.label)
+            self._adopt_orphans()  # those of this cluster that export elsewhere
 
     # -- the Nanny's methods, wrapped -------------------------------------------------------
 
@@ -253,7 +280,9 @@ class WorkerWatch:
         if self.nanny.pid != self.pid or self.worker is None:
             self._note_worker()
         rss = self.memory.read(self.pid)
-        if rss is not None:
+        # A point names its cluster: none before the worker has registered (the reading
+        # is still kept for the post-mortem).
+        if rss is not None and "dask.cluster.id" in self.attributes:
             worker = {"dask.worker.address": self.worker} if self.worker else {}
             self._histogram.record(rss, {**self.attributes, **worker})
 
@@ -325,15 +354,24 @@ class WorkerWatch:
         claimed = flight_folders.claim(path)
         if claimed is None:
             return None
-        wreck = flight.read(claimed)
+        try:
+            wreck = flight.read(claimed)
+        except flight_folders.Foreign as e:  # left where it is, never sent
+            report_once(logger, "foreign", "dask-otel: not a flight recorder, skipped: %s", e)
+            return None
         with contextlib.suppress(OSError):
             claimed.unlink()
-        if wreck is not None:
-            from dask_otel.distro import mirror
+        if wreck is None:
+            return None
+        from dask_otel.distro import mirror
 
+        try:
             mirror.recover(
                 self.providers, wreck.objects, wreck.unexported_spans, wreck.unexported_logs
             )
+        except Exception as e:  # what looked like a recorder holds garbage
+            report_once(logger, "garbage", "dask-otel: a flight recorder not sent: %r", e)
+            return None
         return wreck
 
     def _post_mortem(self, death: Death, attributes: dict[str, Any]) -> None:

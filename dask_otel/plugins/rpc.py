@@ -26,7 +26,7 @@ from opentelemetry.trace import SpanKind
 
 from dask_otel import identity
 from dask_otel.spans import emitter, errors
-from dask_otel.spans.records import EndedSpans
+from dask_otel.spans.records import DeferredSpan, EndedSpans
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -84,7 +84,7 @@ def _host_port(address: str) -> tuple[str, int | None]:
         return address, None
 
 
-def _request(state: _State, op: Any, comm: Any) -> tuple[trace.SpanContext, dict] | None:
+def _request(state: _State, op: Any, comm: Any) -> tuple[trace.Span, dict] | None:
     """(parent, attributes) of a request's CLIENT span, or None if it is not recorded."""
     if op in state.never or not isinstance(op, str):
         return None
@@ -93,7 +93,8 @@ def _request(state: _State, op: Any, comm: Any) -> tuple[trace.SpanContext, dict
         return None
     peer = getattr(comm, "peer_address", None)
     # Asked now: a transfer's DeferredSpan draws its id here, before any thread builds.
-    return current.get_span_context(), {
+    current.get_span_context()
+    return current, {
         **identity.attributes,
         "rpc.system.name": SYSTEM,
         "rpc.method": op,
@@ -141,12 +142,14 @@ async def _recorded(
     call: Any,
     spans: EndedSpans,
     name: str,
-    parent: trace.SpanContext,
+    parent: trace.Span,
     kind: SpanKind,
     attributes: dict[str, Any],
 ) -> Any:
-    """Await ``call``; then the span ``name`` is built from its times (ERROR if it raised).
-    What it raises leaves without this frame in its traceback."""
+    """Await ``call``; then the span ``name`` is built from its times (ERROR if it raised)
+    under ``parent``, or beside it, linked, if ``parent`` ended first (a P2P shuffle's
+    sends outlast the task that queued them). What it raises leaves without this frame
+    in its traceback."""
     start = time_ns()
     error = None
     try:
@@ -157,7 +160,14 @@ async def _recorded(
         error = e
         raise
     finally:
-        spans.submit(name, parent, kind, (start, time_ns()), attributes, error)
+        end = time_ns()
+        context = parent.get_span_context()
+        moved = parent.outlived_by(end) if isinstance(parent, DeferredSpan) else None
+        if moved is None:
+            spans.submit(name, context, kind, (start, end), attributes, error)
+        else:
+            link = trace.Link(context, {"dask.link": "started-in"})
+            spans.submit(name, moved, kind, (start, end), attributes, error, [link])
         error = None  # no cycle exception -> traceback -> frame -> error (3.10 keeps it)
 
 
@@ -179,7 +189,7 @@ def traced_handler(handler: Callable[..., Any], op: str, spans: EndedSpans) -> C
         except Exception:  # telemetry never stands between Dask and its peers
             return call()
         # A root: nothing links a request to its sender's trace.
-        root = trace.INVALID_SPAN_CONTEXT
+        root = trace.INVALID_SPAN
         return _recorded(call, spans, f"rpc {op}", root, SpanKind.SERVER, attributes)
 
     return wrapper

@@ -181,22 +181,28 @@ class TaskSpans:
         span.end(record.end_ns)
 
     def attempt(
-        self, carrier: ids.Carrier, key: str, attributes: dict, expected: bool, now: int
+        self,
+        carrier: ids.Carrier,
+        key: str,
+        attributes: dict,
+        expected: bool,
+        times: tuple[int, int],
     ) -> None:
         """Emit the ``attempt`` span of an attempt lost with its worker (retired if
-        ``expected``, else died), in ``carrier``'s generation."""
+        ``expected``, else died), in ``carrier``'s generation, from ``times`` (since the
+        scheduler last heard from the worker, until the loss)."""
         parent = ids.with_sampled(carrier.context, True)
         span = self._ids.start_span(
             carrier.span_id(key),
             f"attempt {attributes['dask.task.prefix']}",
             context=trace.set_span_in_context(trace.NonRecordingSpan(parent)),
-            start_time=now,
+            start_time=times[0],
             attributes=attributes,
         )
         if not expected:
             memory = "dask.worker.death.cause" in attributes
             span.set_status(Status(StatusCode.ERROR, f"worker died{MEMORY if memory else ''}"))
-        span.end(now)
+        span.end(times[1])
 
     def _record_error(self, span: trace.Span, record: TaskRecord) -> None:
         error = record.error or {}

@@ -41,7 +41,7 @@ class DeferredSpan(trace.Span):
     they were made. ``end`` is ignored: the span ends when the task attempt does.
     """
 
-    __slots__ = ("_calls", "_context", "_parent")
+    __slots__ = ("_calls", "_context", "_ended_ns", "_parent")
 
     def __init__(self, parent: trace.SpanContext) -> None:
         self._parent = parent
@@ -49,6 +49,18 @@ class DeferredSpan(trace.Span):
         self._context: trace.SpanContext | None = None
         #: Made on the first call: most tasks never touch their span.
         self._calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] | None = None
+        #: When the owner's work ended (ns), once it has.
+        self._ended_ns: int | None = None
+
+    def ended(self, end_ns: int) -> None:
+        """The owner's work (the task attempt, the fetch) ended at ``end_ns``."""
+        self._ended_ns = end_ns
+
+    def outlived_by(self, end_ns: int) -> trace.SpanContext | None:
+        """Where a span that began under this one but ends at ``end_ns``, after it, goes
+        (this span's parent: a child never outlasts its parent), or None if it fits."""
+        ended = self._ended_ns
+        return self._parent if ended is not None and end_ns > ended else None
 
     def _keep(self, name: str, *args: Any, **kwargs: Any) -> None:
         if self._calls is None:

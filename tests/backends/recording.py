@@ -38,8 +38,9 @@ class Recording:
     #: the collector's own metrics (Prometheus text) at the end of each run
     collector_metrics: list[str]
 
-    def jaeger(self, path: str, **query: str) -> Any:
-        return http_json(self.stack.url("jaeger", 16686, path), **query)
+    def worker_traces(self, select: str) -> dict[str, dict[str, Any]]:
+        """Jaeger's traces rooted by a ``dask-worker`` span named ``select...``."""
+        return traces_of(self.stack, "dask-worker", select)
 
     def prometheus(self, promql: str) -> list[dict[str, Any]]:
         url = self.stack.url("prometheus", 9090, "/api/v1/query")
@@ -51,12 +52,12 @@ class Recording:
         return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def client_traces(stack: Stack, select: str) -> dict[str, dict[str, Any]]:
-    """Jaeger's traces with a ``dask-client`` span whose operation starts with ``select``."""
+def traces_of(stack: Stack, service: str, select: str) -> dict[str, dict[str, Any]]:
+    """Jaeger's traces with a ``service`` span whose operation starts with ``select``."""
     data = http_json(
         stack.url("jaeger", 16686, "/api/traces"),
-        service="dask-client",
-        limit="2000",
+        service=service,
+        limit="5000",
         lookback="1h",
     )["data"]
     found = {}
@@ -72,7 +73,7 @@ def settled(stack: Stack, select: str, quiet: float = 8) -> dict[str, dict[str, 
     deadline = time.monotonic() + 180
     last_count, last_change = -1, time.monotonic()
     while time.monotonic() < deadline:
-        traces = client_traces(stack, select)
+        traces = traces_of(stack, "dask-client", select)
         count = sum(len(t["spans"]) for t in traces.values())
         if count != last_count:
             last_count, last_change = count, time.monotonic()
