@@ -41,6 +41,9 @@ def test_demo_writes_files_and_summarizes_them(tmp_path):
     assert [f for f in files if "client" in f] == [["traces", "client"]]
     # The summary printed at the end names the injected failure, with its retry.
     assert "demo failure on input 42" in out.stdout
+    # The planned failure is the only ERROR: none from the cluster's shutdown.
+    errors = [line for line in out.stdout.splitlines() if line.startswith("  ERROR x")]
+    assert len(errors) == 1 and "Compute Failed" in errors[0], errors
     assert "2 attempt(s) on" in out.stdout
     assert "dask-otel summarize" in out.stdout
     assert "ModuleNotFoundError" not in out.stderr

@@ -56,8 +56,8 @@ class DemoError(Exception):
 class _Cluster:
     """A ``dask scheduler`` and a ``dask worker --nworkers 2`` in processes of their own.
 
-    Their output goes to ``log``; :meth:`stop` waits for both to exit (they flush their
-    telemetry on the way) and kills what is left after :data:`STOP_TIMEOUT`.
+    Their output goes to ``log``; :meth:`close` and :meth:`stop` wait for them to exit
+    (they flush their telemetry on the way) and kill what is left after their grace.
     """
 
     def __init__(self, workdir: Path, size: Size, env: dict[str, str]) -> None:
@@ -111,15 +111,30 @@ class _Cluster:
         hold), then kill what is left."""
         deadline = time.monotonic() + grace
         for process in self._processes:
-            try:
-                process.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            _wait_or_kill(process, deadline)
+
+    def close(self, grace: float) -> None:
+        """Close the workers, then the scheduler, each given ``grace`` seconds. Closed by
+        the scheduler instead (``client.shutdown()``), Dask's workers race their Nannies
+        and log ERRORs on most runs, plain Dask's too: ``Worker process died
+        unexpectedly``, ``Failed to communicate with scheduler during heartbeat``; closed
+        first, the workers leave the scheduler before it goes."""
+        for process in reversed(self._processes):  # started scheduler first
+            if process.poll() is None:
+                process.terminate()
+            _wait_or_kill(process, time.monotonic() + grace)
 
     def _log_tail(self, lines: int = 20) -> str:
         text = self.log_path.read_text(errors="replace").splitlines()
         return "\n".join(text[-lines:])
+
+
+def _wait_or_kill(process: subprocess.Popen[bytes], deadline: float) -> None:
+    try:
+        process.wait(max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 # -- where the telemetry goes ----------------------------------------------------------------
@@ -219,12 +234,11 @@ def _run_workload(cluster: _Cluster, size: Size, out: TextIO) -> Delivery:
             compute(client, size, steps)
             steps.start("flushing telemetry and closing the cluster")
             delivery = flush_everywhere(client)
-            client.shutdown()
     except BaseException:
         cluster.terminate()
         cluster.stop(STOP_GRACE)
         raise
     # Once an export failed, what the processes still hold is lost: no need to wait.
-    cluster.stop(STOP_GRACE if not delivery.failed else 0.0)
+    cluster.close(STOP_GRACE if not delivery.failed else 0.0)
     steps.done()
     return delivery
