@@ -36,7 +36,7 @@ from opentelemetry.trace import StatusCode
 from test_flight import run_child
 
 import dask_otel
-from dask_otel.signals import flight_folders
+from dask_otel.signals import flight_folders, flight_labels
 from dask_otel.spans import emitter
 from dask_otel.tools.report import render
 from dask_otel.tools.summary import summarize
@@ -385,8 +385,11 @@ def test_a_nanny_cleans_up_after_one_that_is_gone(tmp_path, telemetry, monkeypat
     for name in ("TRACES", "METRICS", "LOGS"):  # worker processes export nowhere
         monkeypatch.setenv(f"OTEL_{name}_EXPORTER", "none")
     orphan = flight_folders.root() / "0123456789abcdef"
-    orphan.mkdir(parents=True)
+    orphan.mkdir(parents=True, mode=0o700)
+    flight_folders.root().chmod(0o700)
     run_child(orphan, spans=5)  # marks the directory as its own, dies with 5 spans queued
+    # as a Nanny of a cluster that exports where this one does labels it
+    flight_labels.write(orphan, flight_labels.Label(flight_labels.destination()))
     with in_process_cluster(n_workers=1, processes=True, host="127.0.0.1") as client:
         assert client.submit(len, "abc").result() == 3
         assert emitter.shared().flush(10)

@@ -122,18 +122,21 @@ def recover(providers: runtime.Providers, objects: list[tuple], spans: list, log
             "dask-otel: this OpenTelemetry SDK takes no spans or log records built "
             "elsewhere: a dead worker's unexported telemetry is not sent",
         )
-    handed = 0
-    for numbers, values in spans if span_sink is not None else ():
-        values = (*values[:7], *numbers, *values[9:])
-        span_sink.on_end(rebuild(values, built))  # type: ignore[arg-type]
-        handed += 1
-    for (resource, scope), values in logs if log_sink is not None else ():
-        record = _log_record(values)
-        log_sink.on_emit(
-            ReadWriteLogRecord(record, built[resource], instrumentation_scope=built[scope])
-        )
-        handed += 1
-    return handed
+    # Every record built before any is handed over: a file that only looks like a
+    # recorder raises here, and nothing of it is sent.
+    rebuilt = [
+        rebuild((*values[:7], *numbers, *values[9:]), built)  # type: ignore[arg-type]
+        for numbers, values in (spans if span_sink is not None else ())
+    ]
+    records = [
+        ReadWriteLogRecord(_log_record(values), built[r], instrumentation_scope=built[s])
+        for (r, s), values in (logs if log_sink is not None else ())
+    ]
+    for span in rebuilt:
+        span_sink.on_end(span)
+    for record in records:
+        log_sink.on_emit(record)
+    return len(rebuilt) + len(records)
 
 
 def compact_log(record: _logs.LogRecord) -> tuple:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from dask_otel.runtime import report_once
+from dask_otel.signals import flight_folders
 from dask_otel.signals.flight_folders import SUFFIX, directory
 from dask_otel.signals.flight_ring import Ring, RingContents, read_ring
 
@@ -59,6 +60,9 @@ FREE, EXECUTING, FINISHED = 0, 1, 2
 SLOTS = 256
 #: Share of the rings' space that holds spans; log records get the rest.
 SPAN_SHARE = 0.75
+#: The largest file read as a recorder (the recorder's size is a setting: 4 MiB).
+MAX_READ = 1 << 30
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 class FlightRecorder:
@@ -70,7 +74,8 @@ class FlightRecorder:
         ring_space = size - HEADER_SIZE - META_SIZE - slots * SLOT_SIZE
         if ring_space < 64 * 1024:
             raise ValueError(f"a flight recorder of {size} bytes has no room for its rings")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        # A new file: never one that was there (a link someone planted, say).
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
         try:
             _allocate(fd, size)
             self.buffer = mmap.mmap(fd, size)
@@ -249,13 +254,25 @@ class Wreck:
 
 
 def read(path: Path) -> Wreck | None:
-    """The contents of the flight recorder at ``path``, or None if it is not one."""
+    """The contents of the flight recorder at ``path``, or None if it is none (gone, or
+    not what a recorder holds); raises ``flight_folders.Foreign`` for what is not a
+    regular file of this user's that it may read."""
     try:
-        data = path.read_bytes()
+        with os.fdopen(flight_folders.open_own(path), "rb") as file:
+            data = file.read(MAX_READ + 1)
+    except flight_folders.Foreign:
+        raise
     except OSError:
         return None
-    if len(data) < HEADER_SIZE + META_SIZE:
+    if not HEADER_SIZE + META_SIZE <= len(data) <= MAX_READ:
         return None
+    try:
+        return _parse(data)
+    except Exception:  # garbage with a recorder's magic: anything may fail
+        return None
+
+
+def _parse(data: bytes) -> Wreck | None:
     magic, pid, slots, slot_size, meta_size = _HEADER.unpack_from(data, 0)
     if magic != MAGIC:
         return None
@@ -267,9 +284,15 @@ def read(path: Path) -> Wreck | None:
         state, length = _SLOT.unpack_from(data, start)
         if state in (EXECUTING, FINISHED):
             values = marshal.loads(data[start + _SLOT.size : start + _SLOT.size + length])
-            attempts.append(Attempt(*values, finished=state == FINISHED))
+            attempt = Attempt(*values, finished=state == FINISHED)
+            if not (isinstance(attempt.key, str) and isinstance(attempt.prefix, str)):
+                return None
+            attempts.append(attempt)
     spans, logs = (read_ring(data, block) for block in _RING_BLOCKS)
-    wreck = Wreck(pid, meta.get("identity", {}), attempts, meta.get("objects", []), spans, logs)
+    identity, objects = meta.get("identity", {}), meta.get("objects", [])
+    if not (isinstance(identity, dict) and isinstance(objects, list)):
+        return None
+    wreck = Wreck(pid, identity, attempts, objects, spans, logs)
     wreck.unexported_spans = spans.unexported()
     wreck.unexported_logs = logs.unexported()
     return wreck
@@ -283,7 +306,7 @@ def open_for(worker: Any, size: int) -> FlightRecorder | None:
     if not size or not isinstance(nanny, str):
         return None
     folder = directory(nanny)
-    if not folder.is_dir():
+    if not flight_folders.private(folder):
         return None
     slots = max(SLOTS, 2 * worker.state.nthreads)
     try:
