@@ -8,17 +8,34 @@ receiver and VictoriaLogs, fed by a cluster whose every role is a host of its ow
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import recording as backends_recording
 from recording import SAMPLED_PERCENTAGE, Recording
 from test_stack_config import prometheus_names
 
 from dask_otel.signals.instruments import INSTRUMENTS
 
 pytestmark = [pytest.mark.backends, pytest.mark.e2e]
+
+
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recording]:
+    """One recording for every test here (recording.py), made once."""
+    if os.geteuid() != 0:
+        pytest.fail("the backends tests make network namespaces: run them as root")
+    for tool in ("go", "ip", "unshare"):
+        if shutil.which(tool) is None:
+            pytest.fail(f"the backends tests need {tool!r} on PATH")
+    with backends_recording.record(tmp_path_factory.mktemp("backends")) as made:
+        yield made
+
 
 Span = dict[str, Any]
 Trace = dict[str, Any]
