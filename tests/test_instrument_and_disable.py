@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Iterator
 
 import dask
 import pytest
@@ -94,34 +96,41 @@ def test_disabled_by_config(telemetry):
 
 
 class Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
+    def __init__(self, level: int = logging.INFO) -> None:
+        super().__init__(level)
         self.messages: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         self.messages.append(record.getMessage())
 
 
+@contextlib.contextmanager
+def recorded(name: str, level: int = logging.INFO) -> Iterator[Records]:
+    """The messages of logger ``name`` from ``level`` up, in this block."""
+    records = Records(level)
+    logger = logging.getLogger(name)
+    logger.addHandler(records)
+    saved = logger.level
+    logger.setLevel(min(level, logger.getEffectiveLevel()))
+    try:
+        yield records
+    finally:
+        logger.removeHandler(records)
+        logger.setLevel(saved)
+
+
 def test_disabled_plugin_from_a_preload_stays_quiet(telemetry):
     """Off, the scheduler plugin a preload attached does nothing: its hooks raise nothing
     (Dask would log "Plugin failed with exception" at each of every task's transitions)."""
-    records = Records()
-    scheduler_logger = logging.getLogger("distributed.scheduler")
-    scheduler_logger.addHandler(records)
-    level = scheduler_logger.level
-    scheduler_logger.setLevel(logging.INFO)
-    try:
-        with (
-            dask.config.set({"otel.enabled": False}),
-            in_process_cluster(n_workers=1, scheduler_kwargs={"preload": ["dask_otel"]}) as client,
-        ):
-            assert "dask-otel" in client.run_on_scheduler(
-                lambda dask_scheduler: list(dask_scheduler.plugins)
-            )
-            assert client.submit(inc, 1).result() == 2
-    finally:
-        scheduler_logger.removeHandler(records)
-        scheduler_logger.setLevel(level)
+    with (
+        recorded("distributed.scheduler") as records,
+        dask.config.set({"otel.enabled": False}),
+        in_process_cluster(n_workers=1, scheduler_kwargs={"preload": ["dask_otel"]}) as client,
+    ):
+        assert "dask-otel" in client.run_on_scheduler(
+            lambda dask_scheduler: list(dask_scheduler.plugins)
+        )
+        assert client.submit(inc, 1).result() == 2
     assert not [m for m in records.messages if "Plugin failed" in m]
     assert telemetry.spans() == []
 
@@ -236,23 +245,17 @@ def test_uninstrument_with_dask_otel_off_is_a_quiet_no_op(telemetry, monkeypatch
     scheduler to remove nothing (Dask logs an ERROR with a traceback for each plugin it
     does not have)."""
     dask_otel.DaskInstrumentor().uninstrument()  # a cluster without dask-otel to start
-    records = Records()
-    records.setLevel(logging.ERROR)
-    dask_logger = logging.getLogger("distributed")
-    dask_logger.addHandler(records)
     if off.startswith("OTEL_"):
         monkeypatch.setenv("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", "dask")
-    try:
-        with (
-            dask.config.set({"otel.enabled": off.startswith("OTEL_")}),
-            in_process_cluster(n_workers=1) as client,
-        ):
-            dask_otel.instrument(client)
-            assert "dask-otel" not in scheduler_plugins(client)
-            dask_otel.uninstrument(client)
-            assert client.submit(inc, 1).result() == 2
-    finally:
-        dask_logger.removeHandler(records)
+    with (
+        recorded("distributed", logging.ERROR) as records,
+        dask.config.set({"otel.enabled": off.startswith("OTEL_")}),
+        in_process_cluster(n_workers=1) as client,
+    ):
+        dask_otel.instrument(client)
+        assert "dask-otel" not in scheduler_plugins(client)
+        dask_otel.uninstrument(client)
+        assert client.submit(inc, 1).result() == 2
     assert records.messages == []
 
 
@@ -260,20 +263,11 @@ def test_dask_otels_own_runs_leave_no_line_in_the_clusters_logs(telemetry):
     """``instrument`` and ``uninstrument`` run functions on the scheduler and workers;
     Dask's "Run out-of-band function" line stays for the user's own runs only."""
     dask_otel.DaskInstrumentor().uninstrument()  # a cluster without dask-otel to start
-    records = Records()
-    run_logger = logging.getLogger("distributed.worker")
-    run_logger.addHandler(records)
-    level = run_logger.level
-    run_logger.setLevel(logging.INFO)
-    try:
-        with in_process_cluster(n_workers=1) as client:
-            dask_otel.instrument(client, tracer_provider=telemetry.tracer_provider)
-            assert "dask-otel" in scheduler_plugins(client)
-            client.run(inc, 1)
-            dask_otel.uninstrument(client)
-    finally:
-        run_logger.removeHandler(records)
-        run_logger.setLevel(level)
+    with recorded("distributed.worker") as records, in_process_cluster(n_workers=1) as client:
+        dask_otel.instrument(client, tracer_provider=telemetry.tracer_provider)
+        assert "dask-otel" in scheduler_plugins(client)
+        client.run(inc, 1)
+        dask_otel.uninstrument(client)
     runs = [m for m in records.messages if m.startswith("Run out-of-band")]
     # The test's own: scheduler_plugins runs a lambda.
     assert runs == ["Run out-of-band function 'lambda'", "Run out-of-band function 'inc'"], runs

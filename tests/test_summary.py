@@ -94,10 +94,17 @@ PARENT = trace.set_span_in_context(
 )
 
 
-def record(path: Path, role: str, spans: list[dict]) -> None:
-    """Spans written by the SDK's own OTLP JSON file exporter, as a process of ``role``."""
+def writing(path: Path, role: str) -> TracerProvider:
+    """A provider whose spans the SDK's own OTLP JSON file exporter writes to ``path``, as
+    a process of ``role``."""
     provider = TracerProvider(resource=Resource({"service.name": role}))
     provider.add_span_processor(SimpleSpanProcessor(FileSpanExporter(path)))
+    return provider
+
+
+def record(path: Path, role: str, spans: list[dict]) -> None:
+    """Spans written by the SDK's own OTLP JSON file exporter, as a process of ``role``."""
+    provider = writing(path, role)
     tracer = provider.get_tracer("dask_otel")
     for spec in spans:
         span = tracer.start_span(spec["name"], PARENT, attributes=spec.get("attributes"),
@@ -275,32 +282,24 @@ def test_what_the_exporters_lost_is_reported(tmp_path):
 def test_computations_the_cluster_did_not_answer_are_gaps(tmp_path):
     """The client exported its ``compute`` spans; the scheduler and workers exported
     nothing (pointed elsewhere): not 'none found'."""
-    provider = TracerProvider(resource=Resource({"service.name": "dask-client"}))
-    provider.add_span_processor(
-        SimpleSpanProcessor(FileSpanExporter(tmp_path / "traces-client-1.jsonl"))
-    )
-    tracer = provider.get_tracer("dask_otel")
+    client = writing(tmp_path / "traces-client-1.jsonl", "dask-client")
+    tracer = client.get_tracer("dask_otel")
     for name in ("compute inc", "compute inc", "compute sum"):
         tracer.start_span(name).end()
     answered = tracer.start_span("compute mean")
     answered.end()
     halfway = tracer.start_span("compute max")
     halfway.end()
-    provider.shutdown()
-    provider = TracerProvider(resource=Resource({"service.name": "dask-scheduler"}))
-    provider.add_span_processor(
-        SimpleSpanProcessor(FileSpanExporter(tmp_path / "traces-scheduler-1.jsonl"))
-    )
-    parent = trace.set_span_in_context(trace.NonRecordingSpan(answered.get_span_context()))
-    provider.get_tracer("dask_otel").start_span("graph", parent).end()
-    provider.shutdown()
-    worker = TracerProvider(resource=Resource({"service.name": "dask-worker"}))
-    worker.add_span_processor(
-        SimpleSpanProcessor(FileSpanExporter(tmp_path / "traces-worker-1.jsonl"))
-    )
-    parent = trace.set_span_in_context(trace.NonRecordingSpan(halfway.get_span_context()))
-    worker.get_tracer("dask_otel").start_span("task max", parent).end()
-    worker.shutdown()
+    client.shutdown()
+    # The scheduler answered one, a worker (alone) another.
+    for role, computation, child in [
+        ("scheduler", answered, "graph"),
+        ("worker", halfway, "task max"),
+    ]:
+        provider = writing(tmp_path / f"traces-{role}-1.jsonl", f"dask-{role}")
+        parent = trace.set_span_in_context(trace.NonRecordingSpan(computation.get_span_context()))
+        provider.get_tracer("dask_otel").start_span(child, parent).end()
+        provider.shutdown()
     out = text(tmp_path)
     assert "Gaps in the recording: none found" not in out
     assert (
