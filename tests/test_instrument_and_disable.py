@@ -234,7 +234,7 @@ def test_instrument_client_twice_then_uninstrument(telemetry):
         assert not any(client.run(lambda dask_worker: "execute" in vars(dask_worker)).values())
 
         assert client.submit(inc, 2).result() == 3
-        assert len(telemetry.spans()) == 4  # nothing new
+        assert len(telemetry.spans()) == 3  # nothing new
 
 
 @pytest.mark.parametrize(

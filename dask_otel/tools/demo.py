@@ -216,8 +216,6 @@ def run(output: Path, size: str = "normal", out: TextIO = sys.stdout) -> int:
     out.write(
         f"\nThe files are in {output}. Summarize them again with\n"
         f"  dask-otel summarize {output}\n"
-        "Replay them into Jaeger or Tempo through a collector's otlpjsonfile receiver:\n"
-        "  receivers: {otlpjsonfile: {include: ['" + str(output) + "/*.jsonl']}}\n"
     )
     return 0
 
