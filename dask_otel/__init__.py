@@ -21,7 +21,7 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
 from dask_otel import hooks, runtime
 from dask_otel.package import _instruments
-from dask_otel.plugins import own_runs
+from dask_otel.plugins import carried, own_runs
 from dask_otel.plugins.activation import (
     activate,
     bridge_logs,
@@ -142,10 +142,28 @@ async def _register_plugins(client: Any, active: bool) -> None:
     for where, problem in problems.items():
         if isinstance(problem, str):
             say_once(f"{problem}. dask-otel is off in the {where}, which runs on, untraced.")
-    await client.register_plugin(DaskOtelSchedulerPlugin())
+    # This client's settings of what leaves the cluster, in its processes now and in
+    # those the plugins reach later; where a process's own are stricter, they stay.
+    asked = carried.asked()
+    if asked:
+        await _carry(client, asked)
+    await client.register_plugin(DaskOtelSchedulerPlugin(asked))
     # Nannies first: a worker finds its Nanny's flight recorder directory at setup.
-    await client.register_plugin(DaskOtelNannyPlugin())
-    await client.register_plugin(DaskOtelWorkerPlugin())
+    await client.register_plugin(DaskOtelNannyPlugin(asked))
+    await client.register_plugin(DaskOtelWorkerPlugin(asked))
+
+
+async def _carry(client: Any, asked: dict[str, Any]) -> None:
+    """Apply ``asked`` in the processes running now; say where their own stays."""
+    kept = {"the scheduler": await client.run_on_scheduler(carried.apply_asked, asked)}
+    workers = await client.run(carried.apply_asked, asked, on_error="return")
+    kept.update({f"worker {address}": settings for address, settings in workers.items()})
+    for where, settings in kept.items():
+        if isinstance(settings, list) and settings:
+            say_once(
+                f"{where} keeps its own {', '.join(settings)}, stricter than this client's "
+                "(the stricter setting wins)"
+            )
 
 
 def uninstrument(client: Any = None) -> Awaitable[None] | None:

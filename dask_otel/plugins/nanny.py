@@ -41,6 +41,7 @@ from distributed.diagnostics.plugin import NannyPlugin
 from tornado.ioloop import PeriodicCallback
 
 from dask_otel import identity, runtime
+from dask_otel.plugins import carried
 from dask_otel.plugins.activation import activate
 from dask_otel.plugins.deaths import (
     Death,
@@ -76,16 +77,19 @@ class DaskOtelNannyPlugin(NannyPlugin):
     name = PLUGIN_NAME
     idempotent = True
 
-    def __init__(self) -> None:
+    def __init__(self, asked: dict[str, Any] | None = None) -> None:
+        #: The client's settings it carries (:mod:`dask_otel.plugins.carried`).
+        self._asked = asked or {}
         self._watch: WorkerWatch | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {}
+        return {"asked": self._asked}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__()  # type: ignore[misc]
+        self.__init__(state.get("asked"))  # type: ignore[misc]
 
     def setup(self, nanny: Nanny) -> None:
+        carried.apply_asked(self._asked)
         settings = activate("nanny", nanny)
         if settings is None:
             return

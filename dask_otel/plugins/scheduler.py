@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from dask_otel import identity, runtime
-from dask_otel.plugins import rpc
+from dask_otel.plugins import carried, rpc
 from dask_otel.plugins.activation import activate
 from dask_otel.plugins.anomalies import Anomalies
 from dask_otel.plugins.carriers import Carriers
@@ -156,19 +156,22 @@ class DaskOtelSchedulerPlugin(SchedulerPlugin):
     name = PLUGIN_NAME
     idempotent = True
 
-    def __init__(self) -> None:
+    def __init__(self, asked: dict[str, Any] | None = None) -> None:
+        #: The client's settings it carries (:mod:`dask_otel.plugins.carried`).
+        self._asked = asked or {}
         #: The settings it started with; None before it starts or when it is off.
         self._settings: Settings | None = None
         #: None before ``start``, after ``close`` and when dask-otel is off.
         self._tracing: _Tracing | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {}
+        return {"asked": self._asked}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__()  # type: ignore[misc]
+        self.__init__(state.get("asked"))  # type: ignore[misc]
 
     async def start(self, scheduler: Scheduler) -> None:
+        carried.apply_asked(self._asked)
         settings = activate("scheduler", scheduler)
         if settings is None:
             return

@@ -25,7 +25,7 @@ from distributed import core
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from dask_otel import identity, runtime
-from dask_otel.plugins import client, rpc
+from dask_otel.plugins import carried, client, rpc
 from dask_otel.plugins.activation import activate
 from dask_otel.plugins.execution import ExecuteTracer
 from dask_otel.plugins.spill import SpillTracer
@@ -84,17 +84,20 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
     name = PLUGIN_NAME
     idempotent = True
 
-    def __init__(self) -> None:
+    def __init__(self, asked: dict[str, Any] | None = None) -> None:
+        #: The client's settings it carries (:mod:`dask_otel.plugins.carried`).
+        self._asked = asked or {}
         #: Set up to teardown, while dask-otel traces this worker.
         self._execute: ExecuteTracer | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {}
+        return {"asked": self._asked}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__()  # type: ignore[misc]
+        self.__init__(state.get("asked"))  # type: ignore[misc]
 
     async def setup(self, worker: Worker) -> None:
+        carried.apply_asked(self._asked)
         settings = activate("worker", worker)
         if settings is None:
             return
