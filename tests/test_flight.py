@@ -3,6 +3,7 @@ that (what it exported, or its full queue dropped, is not sent again)."""
 
 from __future__ import annotations
 
+import enum
 import mmap
 import os
 import random
@@ -21,7 +22,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from dask_otel import runtime as telemetry
-from dask_otel.distro import mirror
+from dask_otel.distro import compact_spans, mirror
 from dask_otel.signals import flight, flight_folders, flight_ring
 
 #: A process that configures the SDK as a dask-otel worker does (exports held for a
@@ -192,3 +193,28 @@ def test_a_closed_nannys_cleanup_spares_the_next_one_at_its_address(tmp_path):
     assert flight_folders.mark_of(folder) == new
     flight_folders.disown(folder, new)
     assert not folder.exists()
+
+
+class Level(enum.IntEnum):
+    HIGH = 2
+
+
+class Tag(str):
+    pass
+
+
+def test_subclasses_of_attribute_types_are_recorded_as_their_base_values(tmp_path):
+    """marshal writes no IntEnum member or str subclass: the recorder keeps the values the
+    exporters send (the base classes'), rather than nothing."""
+    finished = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(finished))
+    attributes = {"level": Level.HIGH, "tag": Tag("t"), "plain": True}
+    provider.get_tracer("t").start_span("odd values", attributes=attributes).end()
+    (span,) = finished.get_finished_spans()
+    recorder = flight.FlightRecorder(tmp_path / "1.flight", 1 << 20, 16)
+    values = compact_spans.compact(span, compact_spans.SharedObjects())
+    assert recorder.span(values, span.resource, span.instrumentation_scope) == 0
+    _, (sent,), _ = recovered(flight.read(tmp_path / "1.flight"))
+    assert dict(sent.attributes) == {"level": 2, "tag": "t", "plain": True}
+    assert [type(v) for v in sent.attributes.values()] == [int, str, bool]

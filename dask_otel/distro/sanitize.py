@@ -137,8 +137,11 @@ def _has_exception_text(attributes: Mapping[str, Any] | None) -> bool:
 # -- copying clean -----------------------------------------------------------------------
 
 
-def _base_value(value: str | int | float | bytes) -> str | int | float | bytes:
-    """A subclass's value as its base class's, which is what the encoders send."""
+def base_value(value: Any) -> Any:
+    """A subclass's value as its base class's, which is what the encoders send; any
+    other value (a bool included) as it is."""
+    if value.__class__ is bool:
+        return value
     for base in _SUBCLASSED:
         if isinstance(value, base):
             return base.__str__(value) if base is str else base(value)
@@ -171,7 +174,7 @@ class Cleaner:
         if cls is bytes:
             return value if self.limit is None else value[: self.limit]
         if isinstance(value, _SUBCLASSED):
-            return self.value(_base_value(value), depth)
+            return self.value(base_value(value), depth)
         if depth >= MAX_DEPTH:
             return TOO_DEEP
         if cls is tuple or cls is list:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dask_otel.distro import sanitize
 from dask_otel.runtime import report_once
 from dask_otel.signals import flight_folders
 from dask_otel.signals.flight_folders import SUFFIX, directory
@@ -181,7 +182,11 @@ class FlightRecorder:
             if numbers is None:
                 numbers = (self._number(resource, _resource), self._number(scope, _scope))
                 self._pairs[id(resource), id(scope)] = numbers
-            return ring.append(marshal.dumps(values), *numbers)
+            try:
+                payload = marshal.dumps(values)
+            except ValueError:  # a subclass of an attribute type (an IntEnum member)
+                payload = marshal.dumps(_base_values(values))
+            return ring.append(payload, *numbers)
         except ValueError:  # a value marshal cannot write (not an OTel attribute type)
             return None
         except Exception:
@@ -193,6 +198,18 @@ class FlightRecorder:
         until nothing refers to it: a thread still ending a span writes into it unharmed."""
         with contextlib.suppress(OSError):
             self.path.unlink()
+
+
+def _base_values(values: Any) -> Any:
+    """``values`` (a record's tuple) with every subclass of an attribute type as its base
+    class's value, as the encoders send it: marshal writes only the base classes."""
+    if values.__class__ is tuple:
+        return tuple(_base_values(value) for value in values)
+    if values.__class__ is list:
+        return [_base_values(value) for value in values]
+    if values.__class__ is dict:
+        return {key: _base_values(value) for key, value in values.items()}
+    return sanitize.base_value(values)
 
 
 def _allocate(fd: int, size: int) -> None:
