@@ -275,6 +275,14 @@ class MetricDemand:
     def wanted(self) -> bool:
         return self._always or bool(self._held)
 
+    def released(self) -> bool:
+        """Whether it was held, and every holder has closed or stopped since (those that
+        stopped without closing are released now)."""
+        if not self.holds:
+            return False
+        self.forget_stopped()
+        return not self._held
+
     def holding(self, holder: Any) -> bool:
         entry = self._held.get(id(holder))
         return entry is not None and entry[0]() is holder

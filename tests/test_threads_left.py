@@ -8,7 +8,8 @@ not do is wait on: for the export schedule (``OTEL_BLRP_SCHEDULE_DELAY``: every 
 closes a cluster took 1 s longer, Dask's closing log lines waiting for their batch; a
 client's spans waited up to the 5 s of ``OTEL_BSP_SCHEDULE_DELAY``), or for a server that
 was stopped without closing (distributed's test_nanny.py test_scheduler_file failed: the
-metric thread ticked on).
+metric thread ticked on); nor for an export the collector fails or never answers, which
+the exporter retries or waits for up to its timeout (10 s).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sys
 
 import pytest
 from conftest import bin_path, otel_env
-from otlp_receiver import OTLPReceiver
+from otlp_receiver import UNANSWERED, OTLPReceiver, exporting_env, unanswered
 
 #: The program's end: waits up to 10 s for the threads dask-otel started meanwhile to
 #: end, then prints those still running and how long it waited.
@@ -77,6 +78,29 @@ with cluster(nworkers=1) as (scheduler, _):
 """
 
 
+SIGNALS = {
+    "OTEL_TRACES_EXPORTER": "otlp",
+    "OTEL_METRICS_EXPORTER": "otlp",
+    "OTEL_LOGS_EXPORTER": "otlp",
+}
+
+
+def threads_left_after(program: str, env: dict[str, str]) -> float:
+    """Run ``program`` under ``opentelemetry-instrument``; check that no thread of
+    dask-otel's outlives it, and return how long after its end the last one ran."""
+    done = subprocess.run(
+        [bin_path("opentelemetry-instrument"), sys.executable, "-c", PROLOGUE + program + LEFT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    left, waited = done.stdout.rsplit(" ", 1)
+    assert left == "[]", done.stdout + done.stderr[-3000:]
+    return float(waited)
+
+
 @pytest.mark.parametrize(
     ("program", "sent"),
     [
@@ -91,27 +115,69 @@ def test_no_thread_of_dask_otels_waits_on_after_the_servers(
 ) -> None:
     env = otel_env(
         receiver,
-        OTEL_TRACES_EXPORTER="otlp",
-        OTEL_METRICS_EXPORTER="otlp",
-        OTEL_LOGS_EXPORTER="otlp",
+        **SIGNALS,
         # Long enough that a thread waiting for either would be seen waiting.
         OTEL_BSP_SCHEDULE_DELAY="30000",
         OTEL_BLRP_SCHEDULE_DELAY="30000",
         OTEL_METRIC_EXPORT_INTERVAL="60000",
     )
-    done = subprocess.run(
-        [bin_path("opentelemetry-instrument"), sys.executable, "-c", PROLOGUE + program + LEFT],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    left, waited = done.stdout.rsplit(" ", 1)
-    assert left == "[]", done.stdout
     # Within the look for stopped servers (every 0.2 s), well inside distributed's 5 s.
-    assert float(waited) < 4, done.stdout
+    assert threads_left_after(program, env) < 4
     if sent is not None:  # sent, not dropped
         received = [s["name"] for s in receiver.spans()]
         received += [str(r["body"]) for r in receiver.log_records()]
         assert any(sent in item for item in received), received
+
+
+#: A Nanny's worker in its own process, and its scheduler in this one.
+NANNY = """
+async def main():
+    async with Scheduler(host="127.0.0.1", dashboard_address=":0") as s:
+        async with Nanny(s.address, host="127.0.0.1"):
+            async with Client(s.address, asynchronous=True) as c:
+                assert await c.submit(sum, [1, 2]) == 3
+
+asyncio.run(main())
+"""
+
+#: A LocalCluster of worker processes, with its client, as a script runs one.
+LOCAL = """
+from distributed import LocalCluster
+
+with LocalCluster(n_workers=1, threads_per_worker=1, host="127.0.0.1",
+                  dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
+    assert client.submit(sum, [1, 2]).result() == 3
+"""
+
+
+@pytest.mark.parametrize("kind", UNANSWERED)
+@pytest.mark.parametrize(
+    ("program", "bound"),
+    [
+        (CLOSED, 1.0),
+        (NANNY, 1.0),
+        (LOCAL, 1.0),
+        (STOPPED, 2.0),  # the span emitter's thread ends after a second without work
+    ],
+    ids=["worker", "nanny", "local", "stopped"],
+)
+def test_a_closed_cluster_leaves_no_thread_whatever_the_collector_does(
+    kind: str, program: str, bound: float
+) -> None:
+    """With the collector down or hung, exports fail or hang for the exporter's whole
+    timeout (10 s a batch, retries included): none may keep a thread of dask-otel's
+    running once the cluster has closed (or stopped), and nothing waits for them."""
+    with unanswered(kind) as endpoint:
+        env = exporting_env(
+            endpoint,
+            "grpc",
+            **SIGNALS,
+            # Batches and metrics leave while the cluster runs: exports are under way, in
+            # their retries or awaiting an answer, when it closes.
+            OTEL_BSP_SCHEDULE_DELAY="100",
+            OTEL_BLRP_SCHEDULE_DELAY="100",
+            OTEL_METRIC_EXPORT_INTERVAL="300",
+        )
+        waited = threads_left_after(program, env)
+    print(f"\n{kind}: the threads of dask-otel's gone {waited} s after the end")
+    assert waited < bound

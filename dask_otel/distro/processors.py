@@ -24,6 +24,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from dask_otel import runtime
 from dask_otel.distro import otlp, sanitize
+from dask_otel.distro.abandon import abandonable
 from dask_otel.distro.compact_spans import CompactSpan, SharedObjects, compact, rebuild
 from dask_otel.distro.drops import NOUNS
 from dask_otel.distro.mirror import Mirror, compact_log, configured_processors
@@ -53,6 +54,7 @@ class CountingExporter:
     failure: Any
 
     def __init__(self, exporter: Any, mirror: Mirror) -> None:
+        abandonable(exporter)
         self.exporter = exporter
         self.mirror = mirror
         #: Items of the last batch that were not exported.

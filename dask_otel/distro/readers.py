@@ -28,6 +28,7 @@ from typing import Any
 from opentelemetry.sdk.metrics.export import MetricExportResult, PeriodicExportingMetricReader
 
 from dask_otel import runtime
+from dask_otel.distro.abandon import abandonable
 from dask_otel.distro.connections import close_inherited
 from dask_otel.runtime import report_once, start_daemon
 
@@ -228,6 +229,7 @@ def watch_metric_exporters(provider: Any) -> None:
     for reader in readers:
         exporter = getattr(reader, "_exporter", None)
         if exporter is not None and not isinstance(exporter, _WatchedMetricExporter):
+            abandonable(exporter)
             reader._exporter = watched = _WatchedMetricExporter(exporter, reader)
             metric_exporters.append(watched)
 
