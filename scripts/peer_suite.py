@@ -12,7 +12,10 @@ pytest process each time, alternating which mode goes first:
   worker, a LocalCluster process) inherits the instrumentation through the environment.
   Traces, metrics and logs go over OTLP/gRPC to tests/otlp_receiver.py's receiver, run
   by this script on 127.0.0.1; what it received, and a probe in the pytest process
-  (scripts/peer_suite_plugin.py), are kept as evidence that dask-otel was active.
+  (scripts/peer_suite_plugin.py), are kept as evidence that dask-otel was active. With
+  ``--collector down`` they go to a port where nothing listens instead, with
+  ``--collector hung`` to a gRPC server that takes every request and never answers: the
+  results must be the same.
 
 The tests come from a release tag of a git repository of distributed (``--source-git
 DIR --tag TAG``: ``git archive`` into a temporary directory, removed at exit) or from a
@@ -198,11 +201,30 @@ def receiver_module() -> Any:
     return module
 
 
+#: What the instrumented runs export to, by ``--collector``: the receiver (``up``), or one
+#: of tests/otlp_receiver.py's collectors that never answer.
+COLLECTORS = {"up": None, "down": "down", "hung": "hung gRPC"}
+
+
+@contextlib.contextmanager
+def collector(kind: str) -> Iterator[tuple[str, Any]]:
+    """The OTLP/gRPC endpoint of the collector ``kind``, and its receiver (None: it
+    receives nothing)."""
+    rx_module = receiver_module()
+    fault = COLLECTORS[kind]
+    if fault is None:
+        with rx_module.OTLPReceiver() as receiver:
+            yield receiver.grpc_endpoint, receiver
+    else:
+        with rx_module.unanswered(fault) as endpoint:
+            yield endpoint, None
+
+
 class Tally:
     """Counts what the receiver got, draining it every few seconds so it holds little."""
 
     def __init__(self, receiver: Any) -> None:
-        self._receiver = receiver  #: the started OTLPReceiver
+        self._receiver = receiver  #: the started OTLPReceiver, or None (nothing to count)
         self._lock = threading.Lock()
         self._counts: Counter[str] = Counter()  #: signal -> items since the last take()
         self._processes: set[str] = set()  #: service.instance.id seen since the last take()
@@ -216,6 +238,8 @@ class Tally:
             self._drain()
 
     def _drain(self) -> None:
+        if self._receiver is None:
+            return
         spans, logs, points = self._receiver.drain()
         with self._lock:
             self._counts.update(spans=len(spans), log_records=len(logs), metric_points=len(points))
@@ -427,6 +451,7 @@ def compare_file(runner: Runner, tally: Tally, name: str, first: str, out: Path)
         if runner.args.source_git
         else runner.args.source,
         "dask_otel": git_head(),
+        "collector": runner.args.collector,
         "first": first,
         "dask_otel_active": {mode: dask_otel_active(run["probe"]) for mode, run in runs.items()},
         "runs": {
@@ -516,9 +541,12 @@ def report(out: Path) -> str:
         return f"no results in {out}"
     first = records[0]
     commits = Counter(record["dask_otel"] for record in records)
+    collectors = Counter(record.get("collector", "up") for record in records)
     lines = [
         f"distributed {first['distributed']}, tests from {first['tests_from']}, dask-otel "
-        + ", ".join(f"{commit} ({n} files)" for commit, n in commits.items()),
+        + ", ".join(f"{commit} ({n} files)" for commit, n in commits.items())
+        + ", collector "
+        + ", ".join(f"{kind} ({n} files)" for kind, n in collectors.items()),
         "",
         "| file | plain p/f/e/s | s | instrumented p/f/e/s | s | ratio "
         "| passed plain, failed instrumented | spans/logs/points | load |",
@@ -615,6 +643,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--reruns", type=int, default=3, help="runs per mode of each suspect (default: 3)"
     )
     parser.add_argument(
+        "--collector",
+        choices=COLLECTORS,
+        default="up",
+        help="where the instrumented runs export: the receiver (up, the default), a port "
+        "where nothing listens (down), a gRPC server that never answers (hung)",
+    )
+    parser.add_argument(
         "--pytest-args",
         nargs=argparse.REMAINDER,
         default=[],
@@ -638,8 +673,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args.out = args.out.resolve()  # pytest runs in the run directory
     args.out.mkdir(parents=True, exist_ok=True)
-    rx_module = receiver_module()
-    with run_directory(args) as rundir, rx_module.OTLPReceiver() as receiver:
+    with run_directory(args) as rundir, collector(args.collector) as (endpoint, receiver):
         every = test_files(rundir) + test_files(rundir, subpackages=True)
         if args.all or args.subpackages:
             files = test_files(rundir, subpackages=args.subpackages)
@@ -652,9 +686,9 @@ def main(argv: list[str] | None = None) -> int:
             files = [f for f in files if not record_path(args.out, f).exists()]
         log(
             f"distributed {importlib.metadata.version('distributed')}, dask-otel {git_head()}, "
-            f"{len(files)} file(s); receiver {receiver.grpc_endpoint}; results in {args.out}"
+            f"{len(files)} file(s); collector {args.collector} at {endpoint}; results in {args.out}"
         )
-        runner = Runner(args, rundir, receiver.grpc_endpoint)
+        runner = Runner(args, rundir, endpoint)
         tally = Tally(receiver)
         confirmed = 0
         try:
