@@ -150,7 +150,11 @@ with LocalCluster(n_workers=1, threads_per_worker=1, host="127.0.0.1",
 """
 
 
-@pytest.mark.parametrize("kind", UNANSWERED)
+@pytest.mark.parametrize(
+    ("kind", "protocol"),
+    [*((kind, "grpc") for kind in UNANSWERED), ("down", "http")],
+    ids=[*UNANSWERED, "down, OTLP/HTTP"],
+)
 @pytest.mark.parametrize(
     ("program", "bound"),
     [
@@ -162,7 +166,7 @@ with LocalCluster(n_workers=1, threads_per_worker=1, host="127.0.0.1",
     ids=["worker", "nanny", "local", "stopped"],
 )
 def test_a_closed_cluster_leaves_no_thread_whatever_the_collector_does(
-    kind: str, program: str, bound: float
+    kind: str, protocol: str, program: str, bound: float
 ) -> None:
     """With the collector down or hung, exports fail or hang for the exporter's whole
     timeout (10 s a batch, retries included): none may keep a thread of dask-otel's
@@ -170,7 +174,7 @@ def test_a_closed_cluster_leaves_no_thread_whatever_the_collector_does(
     with unanswered(kind) as endpoint:
         env = exporting_env(
             endpoint,
-            "grpc",
+            protocol,
             **SIGNALS,
             # Batches and metrics leave while the cluster runs: exports are under way, in
             # their retries or awaiting an answer, when it closes.

@@ -62,17 +62,29 @@ class _Stub:
 
 
 def abandonable(exporter: Any) -> None:
-    """Make the waits of ``exporter``'s exports end when they are given up; other than
-    the SDK's OTLP/gRPC exporters, exporters are left as they are."""
-    module = sys.modules.get("opentelemetry.exporter.otlp.proto.grpc.exporter")
-    mixin = getattr(module, "OTLPExporterMixin", None)
-    if mixin is None or not isinstance(exporter, mixin) or isinstance(exporter._client, _Stub):
-        return
+    """Make the waits of ``exporter``'s exports end when they are given up: the OTLP/gRPC
+    exporters' sleeps and calls, the OTLP/HTTP exporters' sleeps (a request they sent
+    runs to its timeout). Other exporters are left as they are."""
+    grpc_module = sys.modules.get("opentelemetry.exporter.otlp.proto.grpc.exporter")
+    http_module = sys.modules.get("opentelemetry.exporter.otlp.common.http")
+    client = getattr(exporter, "_client", None)
+    if isinstance(exporter, getattr(grpc_module, "OTLPExporterMixin", ())):
+        if isinstance(client, _Stub):
+            return
+        exporter._shutdown_in_progress = _backoff(exporter._shutdown_in_progress)
+        stub = exporter._stub  # a new channel (after UNAVAILABLE) makes a new stub with it
+        exporter._stub = lambda channel: _Stub(stub(channel))
+        if client is not None:
+            exporter._client = _Stub(client)
+    elif isinstance(client, getattr(http_module, "_OTLPHTTPClient", ())):
+        client._shutdown_event = _backoff(client._shutdown_event)
+
+
+def _backoff(event: threading.Event) -> _Backoff:
+    """A :class:`_Backoff` in place of ``event``, set if it is."""
+    if isinstance(event, _Backoff):
+        return event
     backoff = _Backoff()
-    if exporter._shutdown_in_progress.is_set():
+    if event.is_set():
         backoff.set()
-    exporter._shutdown_in_progress = backoff
-    stub = exporter._stub  # a new channel (after UNAVAILABLE) makes a new stub with it
-    exporter._stub = lambda channel: _Stub(stub(channel))
-    if exporter._client is not None:
-        exporter._client = _Stub(exporter._client)
+    return backoff
