@@ -156,10 +156,11 @@ def test_describe_names_the_exceptions_own_type(exc):
 
 
 def test_describe_an_exception_dask_could_not_pickle():
-    """Dask sends ``Exception(repr(e))``: the repr still names the type, as on the scheduler."""
+    """Dask sends ``Exception(repr(e))``: the repr still names the type, as on the scheduler;
+    the message is what the repr holds, without the type again."""
     text = "Unpicklable('y')"
-    assert errors.describe(pickle.dumps(Exception(text)), text) == ("Unpicklable", text)
-    assert errors.describe(None, text) == ("Unpicklable", text)
+    assert errors.describe(pickle.dumps(Exception(text)), text) == ("Unpicklable", "y")
+    assert errors.describe(None, text) == ("Unpicklable", "y")
     # A plain Exception whose message is something else keeps its type.
     assert errors.describe(Exception("x"), "Exception('x')") == ("Exception", "x")
 

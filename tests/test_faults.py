@@ -351,10 +351,10 @@ def test_worker_killed_mid_task_is_a_lost_attempt(telemetry, monkeypatch):
     assert attempt.attributes["dask.worker.address"] == victim
     assert attempt.attributes["dask.attempt.outcome"] == "worker-died"
     # Its id is the attempt's (what the dead worker's own records named), its parent the
-    # span of the task's next generation, which the rerun emits.
+    # graph, beside the span of the task's next generation, which the rerun emits.
     (graph,) = telemetry.spans("graph")
     assert attempt.context.span_id == ids.task_span_id(graph.context, key)
-    assert attempt.parent.span_id == ids.task_span_id(graph.context, key, 1)
+    assert attempt.parent.span_id == graph.context.span_id
 
     (removed,) = [
         r

@@ -38,15 +38,16 @@ def test_killed_worker_task_span(telemetry, monkeypatch):
     assert exc.attributes["exception.type"] == "distributed.scheduler.KilledWorker"
     died_on = exc.attributes["dask.task.workers"]
     assert len(died_on) == 2 and len(set(died_on)) == 2
-    # Each lost attempt, as the scheduler saw it go: the first under the second (the
-    # retry), the second under the task's span.
+    # Each lost attempt, as the scheduler saw it go: both beside the task's span, under the
+    # graph, linked from it in order.
     first, second = sorted(telemetry.spans("attempt die"), key=lambda s: s.start_time)
     assert [a.attributes["dask.worker.address"] for a in (first, second)] == list(died_on)
     for attempt in (first, second):
         assert attempt.status.status_code is StatusCode.ERROR
         assert attempt.attributes["dask.attempt.outcome"] == "worker-died"
-    assert first.parent.span_id == second.context.span_id
-    assert second.parent.span_id == span.context.span_id
+    assert first.parent.span_id == second.parent.span_id == span.parent.span_id
+    earlier = [link.context.span_id for link in span.links if "earlier" in str(link.attributes)]
+    assert earlier == [first.context.span_id, second.context.span_id]
     spans = telemetry.spans()
     ids_ = [(s.context.trace_id, s.context.span_id) for s in spans]
     assert len(ids_) == len(set(ids_))

@@ -132,17 +132,22 @@ def test_killed_worker_post_mortem(receiver, processes):
     spans = {(s["trace_id"], s["span_id"]): s for s in receiver.spans()}
     for span in lost:
         assert span["status_code"] == 2 and span["resource"]["service.name"] == "dask-nanny"
-        # Under the span the scheduler emits for the attempt lost with the worker.
-        parent = spans[span["trace_id"], span["parent_span_id"]]
-        assert parent["name"] == f"attempt {span['attributes']['dask.task.prefix']}"
+        # Beside the span the scheduler emits for the attempt lost with the worker, under
+        # the graph, and linked to it.
+        assert spans[span["trace_id"], span["parent_span_id"]]["name"] == "graph"
+        (link,) = span["links"]
+        lost_attempt = spans[link["trace_id"], link["span_id"]]
+        assert lost_attempt["name"] == f"attempt {span['attributes']['dask.task.prefix']}"
         assert (
-            parent["attributes"]["dask.worker.address"] == span["attributes"]["dask.worker.address"]
+            lost_attempt["attributes"]["dask.worker.address"]
+            == span["attributes"]["dask.worker.address"]
         )
-        if parent["name"] == "attempt hog":  # the scheduler heard of the memory kill first
-            assert "memory limit" in parent["status_message"]
-            assert parent["attributes"]["dask.worker.death.cause"] == "memory"
-            assert parent["attributes"]["dask.worker.memory.limit"] == MEMORY_LIMIT
-            assert parent["attributes"]["dask.worker.memory.rss_at_kill"] > 0.95 * MEMORY_LIMIT
+        if lost_attempt["name"] == "attempt hog":  # the scheduler heard of the kill first
+            assert "memory limit" in lost_attempt["status_message"]
+            attributes = lost_attempt["attributes"]
+            assert attributes["dask.worker.death.cause"] == "memory"
+            assert attributes["dask.worker.memory.limit"] == MEMORY_LIMIT
+            assert attributes["dask.worker.memory.rss_at_kill"] > 0.95 * MEMORY_LIMIT
     records = [r for r in receiver.log_records() if r["event_name"] == "dask.task.lost"]
     assert {(r["trace_id"], r["span_id"]) for r in records} == {
         (s["trace_id"], s["span_id"]) for s in lost
@@ -235,13 +240,14 @@ def test_nanny_in_this_process_explains_each_death(telemetry, monkeypatch, task,
         assert attributes[how[0]] == how[1]
         assert attributes["dask.task.keys"] == (key,)
     (span,) = telemetry.spans(f"task {task.__name__}")
-    # Each `died` span under the lost attempt's span, which the scheduler emits (same id:
-    # computed from the annotation the attempt ran with), those under the task's span.
+    # Each `died` span beside the lost attempt's span, which the scheduler emits (same id:
+    # computed from the annotation the attempt ran with) and it links; all under the graph.
     attempts = telemetry.spans(f"attempt {task.__name__}")
     died = telemetry.spans(f"died {task.__name__}")
     assert len(died) == 2 and len(attempts) == 2
-    assert {s.parent.span_id for s in died} == {a.context.span_id for a in attempts}
-    assert span.context.span_id in {a.parent.span_id for a in attempts}
+    linked = {link.context.span_id for s in died for link in s.links}
+    assert linked == {a.context.span_id for a in attempts}
+    assert {s.parent.span_id for s in died + attempts} == {span.parent.span_id}
     assert all(s.status.status_code is StatusCode.ERROR for s in died)
 
 

@@ -103,7 +103,8 @@ def test_a_thinned_task_that_failed_once_keeps_the_parent_of_its_failed_attempt(
     assert task.status.status_code == StatusCode.UNSET
     (attempt,) = telemetry.spans("attempt fail_once")  # the failed attempt
     assert attempt.status.status_code == StatusCode.ERROR
-    assert attempt.parent.span_id == task.context.span_id
+    assert attempt.parent.span_id == task.parent.span_id
+    assert [link.context.span_id for link in task.links] == [attempt.context.span_id]
     assert_no_orphans(telemetry.spans())
 
 
