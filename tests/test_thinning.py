@@ -126,3 +126,15 @@ def test_thinned_tasks_that_fail_or_are_slow_are_kept(telemetry):
     assert not telemetry.spans("attempt slow")
     assert_task_ids_line_up(telemetry.spans())
     assert_no_orphans(telemetry.spans())
+
+
+def test_no_task_spans_means_no_attempt_spans_retried_or_not(telemetry, tmp_path):
+    """``otel.spans.tasks: false`` holds for every attempt: neither the failed one nor
+    its retry makes a span (the retry of a task thinned out of a traced graph would)."""
+    with dask.config.set({"otel.spans.tasks": False}), cluster_and_client() as (_, client):
+        marker = str(tmp_path / "failed-once")
+        assert client.submit(fail_once, marker, retries=1).result() == "second attempt"
+        flush_emitters(client)
+    names = {s.name for s in telemetry.spans()}
+    assert "graph" in names
+    assert not {n for n in names if n.startswith(("task ", "attempt "))}, names

@@ -60,12 +60,13 @@ class Carriers:
 
     def next_generation(self, ts: Any, traced: bool = False) -> None:
         """Move ``ts`` to its next generation of span ids (traced from now on if
-        ``traced``, even if it was thinned)."""
+        ``traced`` and it was thinned out of a traced graph; a task of a graph with no
+        per-task spans, ``otel.spans.tasks: false`` or not sampled, stays untraced)."""
         carrier = self.of(ts)
         if carrier is None:
             return
         carrier = carrier._replace(generation=carrier.generation + 1)
-        if traced and not carrier.context.trace_flags.sampled:
+        if traced and carrier.thinned and not carrier.context.trace_flags.sampled:
             carrier = carrier._replace(
                 context=ids.with_sampled(carrier.context, True), thinned=False
             )

@@ -214,8 +214,7 @@ def run(output: Path, size: str = "normal", out: TextIO = sys.stdout) -> int:
     out.write("\n")
     report.render(summary.summarize(output), out)
     out.write(
-        f"\nThe files are in {output}. Summarize them again with\n"
-        f"  dask-otel summarize {output}\n"
+        f"\nThe files are in {output}. Summarize them again with\n  dask-otel summarize {output}\n"
     )
     return 0
 
