@@ -26,7 +26,7 @@ instrumented rounds alternate which goes first. Workloads:
     python benchmarks/overhead.py --tasks 20000 --rounds 3 --processor dask-otel --processor sdk
     python benchmarks/overhead.py --workload graph --tasks 4000 --rounds 7 --processes
     python benchmarks/overhead.py --workload graph --tasks 4000 --rounds 7 \
-        --variant v1:otel.scheduler.task-spans=all
+        --variant nospans:otel.task.sample-ratio=0
 """
 
 from __future__ import annotations
@@ -316,7 +316,7 @@ def main() -> None:
         default=[],
         metavar="NAME:KEY=VALUE[,KEY=VALUE]",
         help="also run every round instrumented with this dask config on top of --set "
-        "(with the first processor), e.g. v1:otel.scheduler.task-spans=all; reported "
+        "(with the first processor), e.g. nospans:otel.task.sample-ratio=0; reported "
         "against plain and against the default instrumented rounds",
     )
     args = parser.parse_args()

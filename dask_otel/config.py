@@ -1,8 +1,8 @@
 """The ``otel:`` section of Dask's config: defaults, and validation that names the bad key.
 
 Defaults ship in ``otel.yaml`` and merge into ``dask.config`` on import, so the usual Dask
-ways of setting config apply: YAML files, ``DASK_OTEL__TASK__MAX_EVENTS=32`` environment
-variables and ``dask.config.set({"otel.task.max-events": 32})``.
+ways of setting config apply: YAML files, ``DASK_OTEL__TASK__MAX_LINKS=32`` environment
+variables and ``dask.config.set({"otel.task.max-links": 32})``.
 """
 
 from __future__ import annotations
@@ -31,11 +31,6 @@ with _DEFAULTS_PATH.open() as _f:
 dask.config.update_defaults(DEFAULTS)
 
 
-#: ``otel.scheduler.task-spans``: the scheduler's ``task`` spans for the tasks no worker
-#: finished (trace model v2), or for every task, as in v1 (~100 us of scheduler CPU each).
-SCHEDULER_TASK_SPANS = ("anomalies", "all")
-
-
 class ConfigError(ValueError):
     """An ``otel.*`` config value that dask-otel cannot use."""
 
@@ -47,7 +42,6 @@ class Settings:
     enabled: bool
     max_attribute_length: int
     task_spans: bool
-    scheduler_task_spans: str
     transfer_spans: bool
     spill_spans: bool
     rpc_spans: bool
@@ -56,7 +50,6 @@ class Settings:
     rpc_never_record: frozenset[str]
     redact_exception_messages: bool
     redact_log_bodies: bool
-    max_task_events: int
     max_task_links: int
     max_spans_per_graph: int
     task_sample_ratio: float
@@ -134,15 +127,6 @@ def _bytes(key: str, minimum: int) -> int:
     return size
 
 
-def _choice(key: str, choices: tuple[str, ...]) -> str:
-    value = _get(key)
-    if value in choices:
-        return value  # type: ignore[return-value]
-    close = difflib.get_close_matches(str(value), choices, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise _bad(key, f"must be one of {', '.join(choices)}", value, hint)
-
-
 def _level(key: str) -> int:
     value = _get(key)
     level = logging.getLevelName(str(value).upper()) if isinstance(value, str) else value
@@ -159,7 +143,7 @@ def _names(key: str) -> tuple[str, ...]:
 
 
 def _canonical(key: object) -> str:
-    """Dask treats ``_`` and ``-`` in keys alike (``max_events`` is ``max-events``)."""
+    """Dask treats ``_`` and ``-`` in keys alike (``max_links`` is ``max-links``)."""
     return str(key).replace("_", "-")
 
 
@@ -169,7 +153,7 @@ def _leaves(tree: dict[str, Any], prefix: str) -> Iterator[str]:
         yield from _leaves(value, name) if isinstance(value, dict) else [name]
 
 
-#: Every dask-otel setting, dotted (``otel.task.max-events``).
+#: Every dask-otel setting, dotted (``otel.task.max-links``).
 KEYS = tuple(_leaves(DEFAULTS["otel"], "otel"))
 
 
@@ -239,7 +223,6 @@ _READERS: dict[str, Callable[[], object]] = {
     "enabled": lambda: _bool("enabled"),
     "max_attribute_length": lambda: _count("max-attribute-length", 16),
     "task_spans": lambda: _bool("spans.tasks"),
-    "scheduler_task_spans": lambda: _choice("scheduler.task-spans", SCHEDULER_TASK_SPANS),
     "transfer_spans": lambda: _bool("spans.transfers"),
     "spill_spans": lambda: _bool("spans.spill"),
     "rpc_spans": lambda: _bool("spans.rpc"),
@@ -248,7 +231,6 @@ _READERS: dict[str, Callable[[], object]] = {
     "rpc_never_record": lambda: frozenset(_names("rpc.never-record")),
     "redact_exception_messages": lambda: _bool("redact.exception-messages"),
     "redact_log_bodies": lambda: _bool("redact.log-bodies"),
-    "max_task_events": lambda: _count("task.max-events", 0),
     "max_task_links": lambda: _count("task.max-links", 0),
     "max_spans_per_graph": lambda: _count("task.max-spans-per-graph", 0),
     "task_sample_ratio": lambda: _ratio("task.sample-ratio"),

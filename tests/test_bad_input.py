@@ -367,15 +367,15 @@ def test_a_task_that_replaces_the_global_tracer_provider(telemetry):
 
 def test_invalid_client_config_submits_untraced_and_says_so_once(telemetry, capfd):
     with in_process_cluster(n_workers=1) as client:
-        with dask.config.set({"otel.task.max-events": -4242}):
+        with dask.config.set({"otel.task.max-links": -4242}):
             assert [client.submit(inc, i).result() for i in range(3)] == [1, 2, 3]
         flush_emitters(client)
     assert not telemetry.spans("compute")
     assert len(telemetry.spans("graph")) == 3  # the scheduler still roots every graph
     # Said once, on stderr, whatever logging is configured.
-    said = [line for line in capfd.readouterr().err.splitlines() if "otel.task.max-events" in line]
+    said = [line for line in capfd.readouterr().err.splitlines() if "otel.task.max-links" in line]
     assert said == [
-        "dask-otel: otel.task.max-events must be an integer >= 0, got -4242. "
+        "dask-otel: otel.task.max-links must be an integer >= 0, got -4242. "
         "This client runs untraced."
     ]
 

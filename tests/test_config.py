@@ -20,7 +20,6 @@ def test_defaults():
         enabled=True,
         max_attribute_length=256,
         task_spans=True,
-        scheduler_task_spans="anomalies",
         transfer_spans=True,
         spill_spans=True,
         rpc_spans=True,
@@ -31,7 +30,6 @@ def test_defaults():
         ),
         redact_exception_messages=False,
         redact_log_bodies=False,
-        max_task_events=16,
         max_task_links=8,
         max_spans_per_graph=10000,
         task_sample_ratio=1.0,
@@ -49,7 +47,7 @@ def test_defaults():
         death_log_lines=20,
     )
     # The defaults are part of dask.config, where every Dask way of setting config works.
-    assert dask.config.get("otel.task.max-events") == 16
+    assert dask.config.get("otel.task.max-links") == 8
     assert dask.config.get("otel.flush-timeout") == "5s"
 
 
@@ -59,12 +57,10 @@ def test_values_set_through_dask_config():
             "otel.enabled": "False",
             "otel.max-attribute-length": 16,
             "otel.spans.transfers": False,
-            "otel.scheduler.task-spans": "all",
             "otel.metrics.enabled": "false",
             "otel.rpc.always-record": ["gather"],
             "otel.rpc.never-record": [],
             "otel.redact.exception-messages": True,
-            "otel.task.max-events": 0,
             "otel.task.max-links": 3,
             "otel.flush-timeout": "250ms",
             "otel.max-queue-memory": "1 MB",
@@ -78,7 +74,6 @@ def test_values_set_through_dask_config():
         enabled=False,
         max_attribute_length=16,
         task_spans=True,
-        scheduler_task_spans="all",
         transfer_spans=False,
         spill_spans=True,
         rpc_spans=True,
@@ -87,7 +82,6 @@ def test_values_set_through_dask_config():
         rpc_never_record=frozenset(),
         redact_exception_messages=True,
         redact_log_bodies=False,
-        max_task_events=0,
         max_task_links=3,
         max_spans_per_graph=10000,
         task_sample_ratio=1.0,
@@ -118,9 +112,9 @@ def test_values_set_through_dask_config():
         ("otel.enabled", None),
         ("otel.max-attribute-length", 3),
         ("otel.max-attribute-length", "256"),
-        ("otel.task.max-events", -1),
-        ("otel.task.max-events", 1.5),
-        ("otel.task.max-events", True),
+        ("otel.task.max-links", -1),
+        ("otel.task.max-links", 1.5),
+        ("otel.task.max-links", True),
         ("otel.task.max-links", "x"),
         ("otel.task.max-links", -3),
         ("otel.logs.enabled", "yes"),
@@ -138,8 +132,6 @@ def test_values_set_through_dask_config():
         ("otel.flush-timeout", -1),
         ("otel.flush-timeout", None),
         ("otel.flush-timeout", "inf"),
-        ("otel.scheduler.task-spans", "every"),
-        ("otel.scheduler.task-spans", True),
         ("otel.max-queue-memory", "lots"),
         ("otel.max-queue-memory", "1kB"),
         ("otel.max-queue-memory", -1),
@@ -156,29 +148,21 @@ def test_invalid_value_names_the_full_key(key, value):
     assert isinstance(info.value, ValueError)
 
 
-def test_a_misspelt_choice_names_the_closest_valid_one():
-    with (
-        dask.config.set({"otel.scheduler.task-spans": "al"}),
-        pytest.raises(ConfigError, match="did you mean 'all'"),
-    ):
-        load_settings()
-
-
 def test_settings_follow_every_change_of_the_config():
     """A client loads its settings on every submission, from what it validated last while
     the config is unchanged: any change shows at the next load, an invalid one raises."""
     assert load_settings() == load_settings()
-    with dask.config.set({"otel.task.max-events": 3}):
-        assert load_settings().max_task_events == 3
-        dask.config.get("otel.task")["max-events"] = 4  # in place, as code can
-        assert load_settings().max_task_events == 4
+    with dask.config.set({"otel.task.max-links": 3}):
+        assert load_settings().max_task_links == 3
+        dask.config.get("otel.task")["max-links"] = 4  # in place, as code can
+        assert load_settings().max_task_links == 4
         dask.config.get("otel.logs.loggers").append("mine")
         assert load_settings().logs_loggers[-1] == "mine"
         dask.config.get("otel.logs.loggers").pop()
-        with dask.config.set({"otel.task.max-events": -1}), pytest.raises(ConfigError):
+        with dask.config.set({"otel.task.max-links": -1}), pytest.raises(ConfigError):
             load_settings()
-        assert load_settings().max_task_events == 4
-    assert load_settings().max_task_events == 16
+        assert load_settings().max_task_links == 4
+    assert load_settings().max_task_links == 8
 
 
 @pytest.mark.parametrize("value", [[5], {"seconds": 5}, "1e400"])
@@ -191,18 +175,18 @@ def test_unparseable_duration_raises_config_error(value):
 def test_environment_variable_is_honoured():
     """Dask reads DASK_* variables when it is imported, hence a fresh interpreter."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DASK_", "OTEL_"))}
-    env["DASK_OTEL__TASK__MAX_EVENTS"] = "32"
+    env["DASK_OTEL__TASK__MAX_LINKS"] = "32"
     env["DASK_OTEL__FLUSH_TIMEOUT"] = "1500ms"
     code = (
         "from dask_otel.config import load_settings\n"
         "s = load_settings()\n"
-        "print(s.max_task_events, s.flush_timeout, s.max_task_links)\n"
+        "print(s.max_task_links, s.flush_timeout, s.max_spans_per_graph)\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["32", "1.5", "8"]
+    assert out.stdout.split() == ["32", "1.5", "10000"]
 
 
 def test_invalid_environment_variable_fails_with_the_key():
@@ -218,7 +202,7 @@ def test_invalid_environment_variable_fails_with_the_key():
 
 @pytest.mark.parametrize(
     ("key", "value"),
-    [("otel.task.max-events", -1), ("otel.flush-timeout", "soon")],
+    [("otel.task.max-links", -1), ("otel.flush-timeout", "soon")],
 )
 def test_invalid_value_stops_an_instrumented_scheduler(telemetry, key, value):
     async def start() -> None:
@@ -240,12 +224,12 @@ def test_valid_value_lets_an_instrumented_scheduler_start(telemetry):
     """The counterpart of the test above: the same scheduler starts with valid config."""
 
     async def start() -> list[str]:
-        with dask.config.set({"otel.task.max-events": 3}):
+        with dask.config.set({"otel.task.max-links": 3}):
             async with Scheduler(
                 host="127.0.0.1", port=0, dashboard_address="127.0.0.1:0"
             ) as scheduler:
                 plugin = scheduler.plugins["dask-otel"]
-                assert plugin.settings.max_task_events == 3
+                assert plugin.settings.max_task_links == 3
                 return list(scheduler.plugins)
 
     assert "dask-otel" in asyncio.run(asyncio.wait_for(start(), 30))
@@ -280,7 +264,7 @@ def test_invalid_value_stops_an_instrumented_worker(telemetry):
         (
             {"otel.task.colour": "blue"},
             "otel.task.colour = 'blue' is not a dask-otel setting (the names there are "
-            "max-events, max-links, max-spans-per-graph, sample-ratio, keep-slower-than, "
+            "max-links, max-spans-per-graph, sample-ratio, keep-slower-than, "
             "include-prefixes, exclude-prefixes)",
         ),
         (
@@ -302,10 +286,10 @@ def test_unknown_keys_name_the_closest_valid_key(config, message):
 
 
 def test_keys_with_underscores_are_the_same_keys():
-    """Dask treats ``max_events`` and ``max-events`` alike; so does the key check."""
-    with dask.config.set({"otel.task.max_events": 3, "otel.flush_timeout": "2s"}):
+    """Dask treats ``max_links`` and ``max-links`` alike; so does the key check."""
+    with dask.config.set({"otel.task.max_links": 3, "otel.flush_timeout": "2s"}):
         settings = load_settings()
-    assert (settings.max_task_events, settings.flush_timeout) == (3, 2.0)
+    assert (settings.max_task_links, settings.flush_timeout) == (3, 2.0)
 
 
 @pytest.mark.parametrize("where", ["variable", "YAML file"])
@@ -314,20 +298,20 @@ def test_bad_values_say_where_they_were_set(tmp_path, where):
     key likewise."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DASK_", "OTEL_"))}
     env["DASK_CONFIG"] = str(tmp_path)
-    (tmp_path / "a.yaml").write_text("otel:\n  task:\n    max-events: 3\n")
+    (tmp_path / "a.yaml").write_text("otel:\n  task:\n    max-links: 3\n")
     if where == "variable":
-        env["DASK_OTEL__TASK__MAX_EVENTS"] = "-1"
+        env["DASK_OTEL__TASK__MAX_LINKS"] = "-1"
         env["DASK_OTEL__TASK__COLOUR"] = "'blue'"
-        origin = ["(from DASK_OTEL__TASK__MAX_EVENTS=-1)", "(from DASK_OTEL__TASK__COLOUR='blue')"]
+        origin = ["(from DASK_OTEL__TASK__MAX_LINKS=-1)", "(from DASK_OTEL__TASK__COLOUR='blue')"]
     else:
-        (tmp_path / "b.yaml").write_text("otel:\n  task:\n    max_events: -1\n    colour: blue\n")
+        (tmp_path / "b.yaml").write_text("otel:\n  task:\n    max_links: -1\n    colour: blue\n")
         origin = [f"(from {tmp_path / 'b.yaml'})"] * 2
     code = "from dask_otel.config import load_settings\nload_settings()\n"
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
     )
     error = out.stderr.strip().splitlines()[-1]
-    assert f"otel.task.max-events must be an integer >= 0, got -1 {origin[0]}" in error, error
+    assert f"otel.task.max-links must be an integer >= 0, got -1 {origin[0]}" in error, error
     assert f"otel.task.colour = 'blue' {origin[1]} is not a dask-otel setting" in error, error
 
 

@@ -15,7 +15,7 @@ from otlp_receiver import closed_port
 
 from dask_otel.config import KEYS
 
-MAX_EVENTS = "otel.task.max-events must be an integer >= 0, got -1"
+MAX_LINKS = "otel.task.max-links must be an integer >= 0, got -1"
 MISSPELT = (
     "otel.task.max_span_per_graph = 5 (from DASK_OTEL__TASK__MAX_SPAN_PER_GRAPH=5) is not a"
     " dask-otel setting (did you mean otel.task.max-spans-per-graph?)"
@@ -70,7 +70,7 @@ INSTRUMENT = [bin_path("opentelemetry-instrument")]
 )  # fmt: skip
 @pytest.mark.parametrize(
     ("variable", "message"),
-    [("DASK_OTEL__TASK__MAX_EVENTS=-1", f"{MAX_EVENTS} (from DASK_OTEL__TASK__MAX_EVENTS=-1)"),
+    [("DASK_OTEL__TASK__MAX_LINKS=-1", f"{MAX_LINKS} (from DASK_OTEL__TASK__MAX_LINKS=-1)"),
      ("DASK_OTEL__TASK__MAX_SPAN_PER_GRAPH=5", MISSPELT)],
     ids=["bad-value", "misspelt-key"],
 )  # fmt: skip
@@ -88,7 +88,7 @@ CLIENT = """
 
     with LocalCluster(n_workers=1, processes=False, dashboard_address="127.0.0.1:0") as cluster:
         with Client(cluster) as client:
-            with dask.config.set({"otel.task.max-events": -1}):  # the client's settings only
+            with dask.config.set({"otel.task.max-links": -1}):  # the client's settings only
                 dask_otel.instrument(client)
                 print([client.submit(lambda x: x + 1, i).result() for i in range(3)])
     """
@@ -98,7 +98,7 @@ def test_a_client_carries_on_untraced_and_says_so_once(tmp_path):
     out = run([sys.executable, "-c", textwrap.dedent(CLIENT)], clean_env(), tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[0] == "[1, 2, 3]"
-    assert problem_lines(out.stderr) == [f"dask-otel: {MAX_EVENTS}. This client runs untraced."]
+    assert problem_lines(out.stderr) == [f"dask-otel: {MAX_LINKS}. This client runs untraced."]
 
 
 def test_under_opentelemetry_instrument_the_client_says_so_on_stderr(tmp_path):
@@ -109,7 +109,7 @@ def test_under_opentelemetry_instrument_the_client_says_so_on_stderr(tmp_path):
     out = run([*INSTRUMENT, sys.executable, str(script)], clean_env(), tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[0] == "[1, 2, 3]"
-    assert problem_lines(out.stderr) == [f"dask-otel: {MAX_EVENTS}. This client runs untraced."]
+    assert problem_lines(out.stderr) == [f"dask-otel: {MAX_LINKS}. This client runs untraced."]
 
 
 LOCAL_CLUSTER = """
@@ -131,13 +131,13 @@ def test_a_local_cluster_fails_with_a_config_error(tmp_path):
     """What README says a script starting a ``LocalCluster`` (dask-otel preloaded through
     Dask's config) gets: Dask's RuntimeError, caused by dask-otel's ConfigError."""
     preload = "DASK_DISTRIBUTED__SCHEDULER__PRELOAD"
-    env = clean_env(**{preload: '["dask_otel"]', "DASK_OTEL__TASK__MAX_EVENTS": "-1"})
+    env = clean_env(**{preload: '["dask_otel"]', "DASK_OTEL__TASK__MAX_LINKS": "-1"})
     out = run([sys.executable, "-c", textwrap.dedent(LOCAL_CLUSTER)], env, tmp_path)
     assert out.returncode == 0, out.stderr
     failed, cause = out.stdout.splitlines()
     assert failed.startswith("Cluster failed to start"), out.stdout
-    assert cause == f"{MAX_EVENTS} (from DASK_OTEL__TASK__MAX_EVENTS=-1)", out.stdout
-    said = f"dask-otel: {MAX_EVENTS} (from DASK_OTEL__TASK__MAX_EVENTS=-1). This scheduler does"
+    assert cause == f"{MAX_LINKS} (from DASK_OTEL__TASK__MAX_LINKS=-1)", out.stdout
+    said = f"dask-otel: {MAX_LINKS} (from DASK_OTEL__TASK__MAX_LINKS=-1). This scheduler does"
     assert said in out.stderr
 
 

@@ -118,7 +118,7 @@ def test_attempt_span_id_from_the_annotation_alone():
     [
         ids.Carrier(CARRIER_A),
         ids.Carrier(CARRIER_A, generation=7, thinned=True),
-        ids.Carrier(CARRIER_B, partial=True, scheduler_spans=True),
+        ids.Carrier(CARRIER_B, partial=True),
         ids.Carrier(CARRIER_B, from_client=True),
         ids.Carrier(CARRIER_A, links=()),
         ids.Carrier(CARRIER_A, links=(carrier_of(TRACE_B, 5), carrier_of(TRACE_A, 9))),

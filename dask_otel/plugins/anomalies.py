@@ -189,7 +189,7 @@ class Anomalies:
         graph is still open) to now, in the task's current generation."""
         graph = graph or self._graphs.by_span(carrier.context.span_id)
         start = graph.start_ns if graph is not None else now
-        record = TaskRecord(ts.key, ts.prefix.name, ts.group.name, graph, start, True)  # type: ignore[arg-type]
+        record = TaskRecord(ts.key, ts.prefix.name, ts.group.name, start)
         record.generation = carrier.generation
         record.state = state
         record.end_ns = now

@@ -294,21 +294,15 @@ def _placed(attempt: flight.Attempt) -> tuple[trace.SpanContext, list[trace.Link
     """(parent, links) of a lost attempt's ``died`` span, from the annotation the attempt
     started with: beside the scheduler's ``attempt`` span (which it emits for a thinned
     task too, at the time of the loss: too late to hold the attempt), under the same
-    ``graph`` span and linked to it; with ``otel.scheduler.task-spans: all`` under the
-    task's ``task`` span (the same id); with no dask-otel scheduler, under the submitting
+    ``graph`` span and linked to it; with no dask-otel scheduler, under the submitting
     client's span. None if nothing of the task is traced."""
     carrier = ids.parse(attempt.annotation)
     if carrier is None:
         return None
-    if carrier.from_client or carrier.scheduler_spans:
-        if not carrier.context.trace_flags.sampled:
-            return None
-        if carrier.from_client:
-            return carrier.context, []
+    if carrier.from_client:
+        return (carrier.context, []) if carrier.context.trace_flags.sampled else None
     trace_id, span_id = ids.attempt_span_id(attempt.annotation, attempt.key)  # type: ignore[misc]
     lost = trace.SpanContext(trace_id, span_id, True, trace.TraceFlags(trace.TraceFlags.SAMPLED))
-    if carrier.scheduler_spans:
-        return lost, []
     return ids.with_sampled(carrier.context, True), [trace.Link(lost, {"dask.link": "attempt"})]
 
 

@@ -110,8 +110,7 @@ class ExecuteTracer(InstancePatch):
     spans, logs and ``rpc`` spans in the task see it) and notes the outcome; the span and
     the metric point are made by the worker's emitter thread: the ``task`` span if the
     attempt produced the result, an ``attempt`` span if it failed or was rescheduled
-    (trace model v2, :mod:`dask_otel.spans.ids`); with ``otel.scheduler.task-spans: all`` an
-    ``execute`` span under the scheduler's ``task`` span.
+    (:mod:`dask_otel.spans.ids`).
     """
 
     name = "execute"
@@ -151,7 +150,7 @@ class ExecuteTracer(InstancePatch):
         if carrier is not None and carrier.context.trace_flags.sampled:
             span = (
                 DeferredSpan(carrier.context)
-                if carrier.scheduler_spans or carrier.from_client
+                if carrier.from_client
                 else TaskAttemptSpan(carrier, key)
             )
             token = context.attach(trace.set_span_in_context(span))
@@ -184,7 +183,7 @@ class ExecuteTracer(InstancePatch):
             attempt.state = ts.state if self.worker.status in WORKER_ANY_RUNNING else "cancelled"
             if carrier is not None:
                 attempt.annotation = carriers.get(ts)
-                if attempt.outcome == "success" and not carrier.scheduler_spans:
+                if attempt.outcome == "success":
                     attempt.dependencies = tuple(
                         (dts.key, carriers.get(dts))
                         for dts in islice(ts.dependencies, self.settings.max_task_links)
@@ -204,11 +203,6 @@ class ExecuteTracer(InstancePatch):
         carrier = ids.parse(attempt.annotation)
         if carrier is None:
             return
-        if carrier.scheduler_spans:
-            kept = timing is not None and carrier.thinned and self._keep_anyway(attempt)
-            if attempt.span is not None or kept:
-                self._emit(attempt, f"execute {prefix}", carrier, carrier.span_id, None, None)
-            return
         if attempt.state == "cancelled" or attempt.outcome is None:
             return  # the scheduler emits what stands for it: the cancelled task, the lost attempt
         if attempt.span is None and not (
@@ -218,12 +212,11 @@ class ExecuteTracer(InstancePatch):
         name = f"{'task' if attempt.outcome == 'success' else 'attempt'} {prefix}"
         if carrier.from_client:
             # No dask-otel scheduler: each attempt with an id of its own, under the client's.
-            self._emit(attempt, name, carrier, None, None, None)
+            self._emit(attempt, name, carrier, None, None)
         elif attempt.outcome == "success":
-            links = self._links(attempt, carrier)
-            self._emit(attempt, name, carrier, None, links, carrier.span_id)
+            self._emit(attempt, name, carrier, self._links(attempt, carrier), carrier.span_id)
         else:  # failed or rescheduled: beside the task's span, which links to it
-            self._emit(attempt, name, carrier, None, None, carrier.span_id)
+            self._emit(attempt, name, carrier, None, carrier.span_id)
 
     def _keep_anyway(self, attempt: _Attempt) -> bool:
         """A thinned task's attempt is reported if it failed or was slow."""
@@ -235,21 +228,14 @@ class ExecuteTracer(InstancePatch):
         attempt: _Attempt,
         name: str,
         carrier: ids.Carrier,
-        parent_id: Callable[[str], int] | None,
         links: list[trace.Link] | None,
         span_id: Callable[[str], int] | None,
     ) -> None:
-        """The attempt's span, named ``name``: its parent the span ``parent_id`` names
-        (None: the carrier's), its id the one ``span_id`` names (None: the current span's,
-        or a new one)."""
+        """The attempt's span, named ``name``, under the carrier's span: its id the one
+        ``span_id`` names (None: the current span's, or a new one)."""
         key = ids.key_to_str(attempt.key)
         limit = self.settings.max_attribute_length
-        context = ids.with_sampled(carrier.context, True)  # a thinned task kept anyway
-        parent = (
-            context
-            if parent_id is None
-            else trace.SpanContext(context.trace_id, parent_id(key), True, context.trace_flags)
-        )
+        parent = ids.with_sampled(carrier.context, True)  # a thinned task kept anyway
         if attempt.span is not None:
             start, end = attempt.start_ns, attempt.end_ns
         else:  # timed by Dask (nothing nested under it: it was not current)
@@ -259,7 +245,7 @@ class ExecuteTracer(InstancePatch):
             final["thread.id"] = attempt.thread
         if attempt.outcome == "rescheduled":
             final["dask.task.rescheduled"] = True
-        if attempt.nbytes is not None and parent_id is None:
+        if attempt.nbytes is not None:
             final["dask.task.nbytes"] = attempt.nbytes
         if attempt.timing is not None:
             final["dask.task.compute_seconds"] = max(0.0, attempt.timing[1] - attempt.timing[0])

@@ -17,7 +17,6 @@ from dask_otel.plugins.scheduler_spans import Graph
 from dask_otel.spans import ids, naming
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
 
     from distributed import Scheduler
 
@@ -39,15 +38,12 @@ class Graphs:
         cluster_id: str,
         carriers: Carriers,
         emitter: SpanEmitter,
-        lifecycle: Callable[[Any, Graph, int, bool], None] | None,
     ) -> None:
         self._settings = settings
         self._tracer = tracer
         self._cluster_id = cluster_id
         self._carriers = carriers
         self._emitter = emitter
-        #: ``task-spans: all``: records the lifecycle of each task traced, from its graph.
-        self._lifecycle = lifecycle
         #: The open graph of each task not yet in a final state.
         self._of_task: dict[Any, Graph] = {}
         self._open: set[Graph] = set()
@@ -141,7 +137,6 @@ class Graphs:
     def _annotate(self, graph: Graph, scheduler: Scheduler, tasks: list[Any]) -> int:
         """Give the tasks this graph created its carrier; return how many."""
         open_tasks = self._of_task
-        lifecycle = self._lifecycle
         states = scheduler.tasks
         created = []
         for key in tasks:
@@ -160,25 +155,22 @@ class Graphs:
         chosen = [not filtered or self._prefix_traced(ts.prefix.name) for ts in created]
         ratio = self._span_ratio(sum(chosen))
         partial = ratio < 1 or not all(chosen)
-        carrier = graph.carrier._replace(partial=partial, scheduler_spans=lifecycle is not None)
+        carrier = graph.carrier._replace(partial=partial)
         kept_annotation = carrier.encode()
         thinned_annotation = carrier._replace(
             context=ids.with_sampled(carrier.context, False), thinned=settings.task_spans
         ).encode()
-        created_set = {ts.key for ts in created} if lifecycle is None else set()
-        now = graph.start_ns
+        created_set = {ts.key for ts in created}
         for ts, kept in zip(created, chosen, strict=True):
             key_text = ids.key_to_str(ts.key)
             if kept and ratio < 1:
                 kept = ids.keep_task(carrier.context, key_text, ratio)
             annotation = kept_annotation if kept else thinned_annotation
-            if kept and lifecycle is None and ts.dependencies:
+            if kept and ts.dependencies:
                 annotation = self._with_foreign_links(carrier, ts, created_set) or annotation
             # The carrier's sampled flag tells the worker whether to trace the task.
             self._carriers.set(ts.key, annotation)
             open_tasks[ts.key] = graph
-            if lifecycle is not None:
-                lifecycle(ts, graph, now, kept)
         if ratio < 1:
             graph.span.set_attribute("dask.graph.span_ratio", ratio)
         return len(created)

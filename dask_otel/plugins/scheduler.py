@@ -1,14 +1,11 @@
 """Scheduler plugin: a ``graph`` span per ``update_graph``; task spans for anomalies only.
 
-Trace model v2: the worker that produces a task's result emits its ``task`` span, with
+The worker that produces a task's result emits its ``task`` span, with
 the deterministic id of :mod:`dask_otel.spans.ids`. The scheduler does no span work for a task
 that completes normally: its hot path (``transition``, ~7 calls per task) only notes
 when a graph's last task is done (:mod:`~dask_otel.plugins.graphs`), and acts on the few
 transitions that mean something went wrong (:mod:`~dask_otel.plugins.anomalies`). Each
 task's carrier is kept beside its annotations (:mod:`~dask_otel.plugins.carriers`).
-
-With ``otel.scheduler.task-spans: all`` it also records every task's lifecycle and
-emits every ``task`` span, as in trace model v1 (:mod:`~dask_otel.plugins.lifecycles`).
 """
 
 from __future__ import annotations
@@ -24,7 +21,6 @@ from dask_otel.plugins.activation import activate
 from dask_otel.plugins.anomalies import Anomalies
 from dask_otel.plugins.carriers import Carriers
 from dask_otel.plugins.graphs import Graphs
-from dask_otel.plugins.lifecycles import Lifecycles
 from dask_otel.plugins.scheduler_spans import FINAL_STATES, TaskSpans
 from dask_otel.runtime import PLUGIN_NAME
 from dask_otel.signals import events, metrics
@@ -64,26 +60,8 @@ class _Tracing:
         self.handlers = rpc.trace_handlers(scheduler, tracer, settings)
         self.carriers = Carriers(scheduler)
         spans = TaskSpans(ids.SpanIdSetter(tracer), self.cluster_id, settings.max_attribute_length)
-        #: ``task-spans: all`` only.
-        self.lifecycles = (
-            Lifecycles(scheduler, settings, self.carriers, spans, self.emitter)
-            if settings.scheduler_task_spans == "all"
-            else None
-        )
-        self.graphs = Graphs(
-            settings,
-            tracer,
-            self.cluster_id,
-            self.carriers,
-            self.emitter,
-            self.lifecycles.add if self.lifecycles is not None else None,
-        )
-        #: ``task-spans: traced`` only (with ``all``, the task spans' events show it all).
-        self.anomalies = (
-            Anomalies(scheduler, self.carriers, self.graphs, spans, self.emitter)
-            if self.lifecycles is None
-            else None
-        )
+        self.graphs = Graphs(settings, tracer, self.cluster_id, self.carriers, self.emitter)
+        self.anomalies = Anomalies(scheduler, self.carriers, self.graphs, spans, self.emitter)
 
     def transition(
         self,
@@ -98,13 +76,7 @@ class _Tracing:
         task, one Python frame each)."""
         if finish == "forgotten":
             self.carriers.forget(key)
-        if self.lifecycles is not None:
-            record = self.lifecycles.transition(key, start, finish, stimulus_id, kwargs)
-            if record is not None:
-                self.graphs.pop_task(key)
-                self.graphs.count(record.graph, finish)
-            return
-        anomalies: Anomalies = self.anomalies  # type: ignore[assignment]
+        anomalies = self.anomalies
         if finish in FINAL_STATES:
             graph = self.graphs.pop_task(key)
             if finish == "erred":
@@ -126,7 +98,7 @@ class _Tracing:
 
     def log_event(self, topic: str, msg: Any) -> bool:
         """Note a structured event; True if it is the first of a batch to export."""
-        if self.anomalies is not None and isinstance(msg, dict):
+        if isinstance(msg, dict):
             if topic == "all" and msg.get("action") == "remove-worker":
                 self.anomalies.remove_worker(msg)
             elif topic == "worker-restart-memory":
@@ -139,8 +111,6 @@ class _Tracing:
 
     async def close(self) -> None:
         # Stop recording: transitions from now on find no graph.
-        if self.lifecycles is not None:
-            self.lifecycles.clear()
         self.carriers.close()
         self.graphs.close()
         self.scheduler.handlers.update(self.handlers)

@@ -4,11 +4,10 @@ emitter thread from plain records that its hot path fills (:class:`Graph`,
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.trace import Link, Status, StatusCode
+from opentelemetry.trace import Status, StatusCode
 
 from dask_otel.spans import errors, ids
 
@@ -46,79 +45,35 @@ class Graph:
 
 
 class TaskRecord:
-    """What the scheduler knows about one task when it emits its span: the whole
-    lifecycle with ``task-spans: all``, the anomaly otherwise."""
+    """What the scheduler knows about a task no worker finished when it emits its span."""
 
     __slots__ = (
         "attempts",
-        "compute_seconds",
-        "dependencies",
-        "dropped_events",
         "end_ns",
-        "erred_attempt",
         "error",
-        "events",
         "generation",
-        "graph",
         "group",
-        "kept",
         "key",
-        "nbytes",
         "prefix",
         "start_ns",
         "state",
-        "worker",
         "workers",
     )
 
-    def __init__(
-        self, key: Any, prefix: str, group: str, graph: Graph, start_ns: int, kept: bool
-    ) -> None:
+    def __init__(self, key: Any, prefix: str, group: str, start_ns: int) -> None:
         self.key = key
-        self.kept = kept
-        self.compute_seconds = 0.0
         self.prefix = prefix
         self.group = group
-        self.graph = graph
         self.start_ns = start_ns
         self.end_ns = 0
         self.generation = 0
-        # A graph's records live as long as its tasks: no list unless needed, and events in
-        # a tuple of plain values, which Python's garbage collector stops tracking.
-        self.events: tuple[tuple[str, int, str | None, str | None], ...] = ()
-        self.dropped_events = 0
-        #: None: unknown (a task cancelled while running).
+        #: Failed and lost attempts; None: unknown (a task cancelled while running).
         self.attempts: int | None = 0
-        #: An attempt failed and was retried: its worker reported it, whatever the thinning.
-        self.erred_attempt = False
-        self.worker: str | None = None
-        #: Every worker it was sent to (or died on), once each, when more than one.
+        #: The workers it died on, or that of its last failure.
         self.workers: list[str] | None = None
+        #: ``erred`` or ``cancelled``.
         self.state = ""
-        self.nbytes: int | None = None
         self.error: dict[str, Any] | None = None
-        self.dependencies: list[tuple[Any, Any]] | None = None
-
-    def add_attempt(self, worker: str | None) -> None:
-        self.attempts += 1
-        if worker is None:
-            return
-        if self.worker is not None and worker != self.worker:
-            if self.workers is None:
-                self.workers = [self.worker]
-            if worker not in self.workers:
-                self.workers.append(worker)
-        self.worker = worker
-
-    def add_event(self, event: tuple[str, int, str | None, str | None], limit: int) -> None:
-        """Keep the first ``limit - 1`` events and always the latest; count the others."""
-        events = self.events
-        if len(events) < limit:
-            self.events = (*events, event)
-        else:
-            if events:
-                self.events = (*events[:-1], event)
-            self.dropped_events += 1
 
 
 class TaskSpans:
@@ -151,14 +106,8 @@ class TaskSpans:
         attributes["dask.task.state"] = record.state
         if record.attempts is not None:
             attributes["dask.task.attempts"] = record.attempts
-        if record.worker:
-            attributes["dask.worker.address"] = record.worker
         if record.workers:
             attributes["dask.task.workers"] = record.workers
-        if record.nbytes is not None:
-            attributes["dask.task.nbytes"] = record.nbytes
-        if record.dropped_events:
-            attributes["dask.task.dropped_events"] = record.dropped_events
         if record.generation:
             attributes["dask.task.generation"] = record.generation
         parent = ids.with_sampled(carrier, True)
@@ -168,14 +117,8 @@ class TaskSpans:
             context=trace.set_span_in_context(trace.NonRecordingSpan(parent)),
             start_time=record.start_ns,
             attributes=attributes,
-            links=ids.earlier_attempt_links(carrier, key, record.generation)
-            + _dependency_links(record.dependencies or ()),
+            links=ids.earlier_attempt_links(carrier, key, record.generation),
         )
-        for state, timestamp, stimulus_id, worker in record.events:
-            event_attributes = {"dask.stimulus.id": stimulus_id} if stimulus_id else {}
-            if worker:
-                event_attributes["dask.worker.address"] = worker
-            span.add_event(state, event_attributes, timestamp=timestamp)
         if record.error is not None:
             self._record_error(span, record)
         span.end(record.end_ns)
@@ -212,7 +155,7 @@ class TaskSpans:
             span.set_attribute("dask.task.erred_by", ids.cap(ids.key_to_str(cause), self._limit))
             span.set_status(Status(StatusCode.ERROR, "dependency erred"))
             return
-        workers = record.workers or ([record.worker] if record.worker else [])
+        workers = record.workers or []
         errors.record_exception(
             span,
             error["failure"],
@@ -234,13 +177,3 @@ def failure(ts: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
         kwargs.get("exception"), kwargs.get("exception_text"), kwargs.get("traceback_text")
     )
     return {"failure": failure, "cause": cause}
-
-
-def _dependency_links(dependencies: Iterable[tuple[Any, Any]]) -> list[Link]:
-    """Links to the ``task`` spans of dependencies that dask-otel traced."""
-    links = []
-    for key, annotation in dependencies:
-        ref = ids.task_ref(annotation, key)
-        if ref is not None:  # else no span to link: scattered data, untraced, thinned
-            links.append(ids.task_link(ref, "dependency"))
-    return links

@@ -36,7 +36,6 @@ ANNOTATION = "otel"
 THINNED = ";thinned"
 _GENERATION = ";g="
 _PARTIAL = ";partial"
-_SCHEDULER_SPANS = ";scheduler-spans"
 _LINKS = ";links="
 _FROM_CLIENT = ";client"
 
@@ -147,7 +146,7 @@ class Carrier(NamedTuple):
     """A task's ``otel`` annotation, parsed: what every process that touches the task
     needs to name its spans, written by the scheduler (``encode``) and shipped by Dask.
 
-    Text form: ``<traceparent>[;g=N][;thinned][;partial][;scheduler-spans][;client]``
+    Text form: ``<traceparent>[;g=N][;thinned][;partial][;client]``
     ``[;links=<trace>-<span>,...]``.
     """
 
@@ -162,9 +161,6 @@ class Carrier(NamedTuple):
     thinned: bool = False
     #: The graph is thinned: a dependency may have no span to link to.
     partial: bool = False
-    #: ``otel.scheduler.task-spans: all``: the scheduler emits every ``task`` span, the
-    #: worker an ``execute`` span under it per attempt (trace model v1).
-    scheduler_spans: bool = False
     #: Span contexts of the dependencies' task spans, when the scheduler named them
     #: (dependencies from other graphs); None: the worker derives them from the keys.
     links: tuple[trace.SpanContext, ...] | None = None
@@ -184,8 +180,6 @@ class Carrier(NamedTuple):
             parts.append(THINNED)
         if self.partial:
             parts.append(_PARTIAL)
-        if self.scheduler_spans:
-            parts.append(_SCHEDULER_SPANS)
         if self.from_client:
             parts.append(_FROM_CLIENT)
         if self.links is not None:
@@ -229,8 +223,8 @@ def _parse(value: str) -> Carrier | None:
         name, _, argument = option.partition("=")
         if name == "g" and argument.isdigit():
             fields["generation"] = int(argument)
-        elif name in ("thinned", "partial", "scheduler-spans"):
-            fields[name.replace("-", "_")] = True
+        elif name in ("thinned", "partial"):
+            fields[name] = True
         elif name == "client":
             fields["from_client"] = True
         elif name == "links":

@@ -56,6 +56,8 @@ class Span:
     message: str  #: status message
     attributes: dict[str, Any]
     exception: dict[str, Any]  #: attributes of its last ``exception`` event, if any
+    #: Span ids it links to in its own trace, by ``dask.link`` relation (the first of each).
+    links: dict[str, str] = field(default_factory=dict)
 
     @property
     def operation(self) -> str:
@@ -144,7 +146,17 @@ def _span(raw: dict[str, Any], role: str) -> Span:
         message=str(status.get("message", "")),
         attributes=_attributes(raw.get("attributes")),
         exception=exception,
+        links=_links(raw),
     )
+
+
+def _links(raw: dict[str, Any]) -> dict[str, str]:
+    links: dict[str, str] = {}
+    for link in raw.get("links") or []:
+        if link.get("traceId") == raw.get("traceId"):
+            relation = str(_attributes(link.get("attributes")).get("dask.link", ""))
+            links.setdefault(relation, str(link.get("spanId", "")))
+    return links
 
 
 #: OTLP's severity names, as protobuf's JSON mapping may write them, up to a level's first

@@ -61,8 +61,9 @@ class _Task:
     #: Ids of the attempt spans seen, and of those that failed.
     attempt_ids: set[str] = field(default_factory=set)
     failed_ids: set[str] = field(default_factory=set)
-    #: Parents of ``died`` spans: attempts lost with their worker, which the scheduler
-    #: may have reported as an ``attempt`` span too (v2), or not (v1).
+    #: The attempts ``died`` spans name (the one they link to, or in recordings of
+    #: dask-otel's earlier layout their parent): attempts lost with their worker, which
+    #: the scheduler may have reported as an ``attempt`` span too, or not.
     lost: list[str] = field(default_factory=list)
     #: Attempts the scheduler counted (``dask.task.attempts``); 0 if no span said.
     counted: int = 0
@@ -224,7 +225,7 @@ class Summary:
             task.exception = _describe(span.exception, span.message)
             task.exception_rank = rank
         if span.operation == "died":
-            task.lost.append(span.parent)
+            task.lost.append(span.links.get("attempt") or span.parent)
         if span.is_attempt:
             self._add_attempt(span, task, trace)
         if span.operation == "task":
