@@ -17,7 +17,6 @@ from dask_otel.plugins.scheduler_spans import Graph
 from dask_otel.spans import ids, naming
 
 if TYPE_CHECKING:
-
     from distributed import Scheduler
 
     from dask_otel.config import Settings
