@@ -187,7 +187,7 @@ def link_values(context: SpanContext, attributes: Any, dropped: int) -> tuple:
     )
 
 
-#: Enum members by value: calling an Enum class to look one up costs a microsecond.
+#: Enum members by value: a dict lookup, where calling the Enum class is slow.
 _SPAN_KINDS = {kind.value: kind for kind in SpanKind}
 _STATUS_CODES = {code.value: code for code in StatusCode}
 #: The status of almost every span, shared (a Status is immutable).

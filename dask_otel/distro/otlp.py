@@ -1,8 +1,8 @@
-"""OTLP encoding of queued spans, straight from their tuples (lever (d) of issue 18).
+"""OTLP encoding of queued spans, straight from their tuples.
 
 The OTLP exporters encode each span by building protobuf message objects attribute by
-attribute (``opentelemetry.exporter.otlp.proto.common``): ~50 us of Python per span on
-the GIL of the process whose spans they are, more than building the span. dask-otel's
+attribute (``opentelemetry.exporter.otlp.proto.common``): more Python per span, on the
+GIL of the process whose spans they are, than building the span. dask-otel's
 span processor queues spans as tuples of plain values
 (:func:`dask_otel.distro.compact_spans.compact`); this module writes the protobuf wire
 format of an ``ExportTraceServiceRequest`` from those tuples directly, caching what

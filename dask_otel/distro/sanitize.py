@@ -9,9 +9,9 @@ value of a type OTLP has no value for (a NumPy array), in every encoder, and an 
 beyond 64 bits. A collector refuses a request over 4 MiB, and the exporter retries it
 until it gives up: a few strings of a megabyte lose their batch.
 
-dask-otel's exporters look at each item before a batch leaves: one pass over its strings
-(1.4 us a span, against ~6 us to encode it from its tuple over gRPC and ~50 through the
-SDK's encoder, ``benchmarks/span_cost.py``; 0.3 us a log record, against 6). Only an item
+dask-otel's exporters look at each item before a batch leaves: one pass over its strings,
+a fraction of what encoding it costs (``benchmarks/span_cost.py``; figures in
+docs/overhead.md). Only an item
 that needs it is copied: U+FFFD for each lone surrogate, the ``repr`` of a value OTLP
 cannot carry, and, for an item too large for a request of its own, its strings cut
 (:data:`CUTS`). A batch whose strings add up to more than :data:`REQUEST_BYTES` leaves in
@@ -273,7 +273,7 @@ class LogRecords:
         body = record.body
         total = _text_bytes(body) if body.__class__ is str else _value_bytes(body, 0)
         # The SDK's BoundedAttributes: its dict, read without the Mapping protocol (and its
-        # lock) per key: 0.3 us a record instead of 1.0.
+        # lock) per key, a third of the cost.
         attributes = getattr(record.attributes, "_dict", record.attributes)
         attributes_size = _attributes_bytes(attributes)
         if total < 0 or attributes_size < 0:

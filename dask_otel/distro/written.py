@@ -1,11 +1,12 @@
-"""Spans written straight as tuples (lever (c) of issue 18).
+"""Spans written straight as tuples.
 
 dask-otel builds most of its spans after the fact, from times and attributes noted on an
-event loop. Through ``Tracer.start_span`` each costs ~24 us (sampler, id generator,
-context, the SDK span's lock and bookkeeping, the processors' on_start and on_end), and
-dask-otel's processor then turns it into a tuple. A SpanWriter makes that tuple directly
-(~8 us), with the SDK's limits; if other processors share the provider, they get the
-ReadableSpan rebuilt from it (on_end: nothing calls their on_start).
+event loop. Through ``Tracer.start_span`` each pays for the sampler, the id generator,
+the context, the SDK span's lock and bookkeeping and the processors' on_start and on_end,
+and dask-otel's processor then turns it into a tuple. A SpanWriter makes that tuple
+directly, at a third of the cost (docs/overhead.md), with the SDK's limits; if other
+processors share the provider, they get the ReadableSpan rebuilt from it (on_end: nothing
+calls their on_start).
 """
 
 from __future__ import annotations

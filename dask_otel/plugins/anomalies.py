@@ -1,4 +1,4 @@
-"""Spans for what went wrong (trace model v2): a ``task`` span for each task no worker
+"""Spans for what went wrong: a ``task`` span for each task no worker
 finished (erred, KilledWorker, cancelled while running) and an ``attempt`` span for each
 attempt lost with its worker. Each such ending moves the task to a new generation of
 span ids (:class:`dask_otel.spans.ids.Carrier`), so no id is ever emitted twice."""

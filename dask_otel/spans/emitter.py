@@ -1,7 +1,8 @@
 """A daemon thread that builds spans from compact records, off the event loop.
 
-Building a span through the SDK costs ~15-25 us; the scheduler's event loop only appends
-a record and moves on. ``flush`` lets a closing component wait, boundedly, for the backlog.
+Building a span through the SDK costs many times what appending a record does: the event
+loops only append one and move on. ``flush`` lets a closing component wait, boundedly,
+for the backlog.
 """
 
 from __future__ import annotations

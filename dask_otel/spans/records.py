@@ -2,8 +2,8 @@
 
 A task attempt's span must be current while its task runs: user spans nest under it,
 user log records carry its ids, ``rpc`` spans see a recording parent, and user code may
-``set_attribute`` on it. Building it through the SDK costs ~35 us of the worker's event
-loop per task, Dask's bottleneck. A :class:`DeferredSpan` costs a microsecond or two: it
+``set_attribute`` on it. Building it through the SDK on the worker's event loop, Dask's
+bottleneck, would cost tens of times what a :class:`DeferredSpan` does: it
 gets its span id when first asked (children and log records name their parent; most
 tasks have neither, and the emitter asks off the loop), keeps whatever is done to it as
 calls, and :meth:`DeferredSpan.replay` applies them to the real span, made with the same
