@@ -9,8 +9,9 @@ into memory (one per worker process, in a directory its Nanny made):
 - its identity and OpenTelemetry resources.
 
 Writing is a store into shared memory, no system call, under the lock that keeps the
-copy in the order of the export queue. The pages belong to the file, not to the process: whatever kills the worker (SIGKILL, the memory monitor,
-the kernel's OOM killer, a segfault), its Nanny reads what was written, exports the
+copy in the order of the export queue. The pages belong to the file, not to the
+process: whatever kills the worker (SIGKILL, the memory monitor, the kernel's OOM
+killer, a segfault), its Nanny reads what was written, exports the
 records that were queued but never exported (under the worker's own resource) and says
 what the worker was running. A worker that closes normally deletes its file.
 
