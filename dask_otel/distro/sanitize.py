@@ -33,6 +33,7 @@ from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk._logs import ReadableLogRecord
 
 from dask_otel.spans import errors, ids
+from dask_otel.values import SUBCLASSED, base_value
 
 #: Estimated bytes of one request, below the 4 MiB a collector accepts over gRPC.
 REQUEST_BYTES = 3 << 20
@@ -49,8 +50,6 @@ TOO_DEEP = "[nested too deep]"
 DIRTY = -1
 
 _INT64 = (-(1 << 63), 1 << 63)
-#: What a subclass of is encoded as its base class's value.
-_SUBCLASSED = (str, int, float, bytes)
 _ERROR = 2  # StatusCode.ERROR.value, as a queued span holds it
 
 
@@ -77,7 +76,7 @@ def _value_bytes(value: Any, depth: int) -> int:
         return 0 if _INT64[0] <= value < _INT64[1] else DIRTY
     if cls is bytes:
         return len(value)
-    if isinstance(value, _SUBCLASSED):
+    if isinstance(value, SUBCLASSED):
         return _subclass_bytes(value)
     if depth >= MAX_DEPTH:
         return DIRTY
@@ -137,17 +136,6 @@ def _has_exception_text(attributes: Mapping[str, Any] | None) -> bool:
 # -- copying clean -----------------------------------------------------------------------
 
 
-def base_value(value: Any) -> Any:
-    """A subclass's value as its base class's, which is what the encoders send; any
-    other value (a bool included) as it is."""
-    if value.__class__ is bool:
-        return value
-    for base in _SUBCLASSED:
-        if isinstance(value, base):
-            return base.__str__(value) if base is str else base(value)
-    return value
-
-
 class Cleaner:
     """Makes a copy of what a check found wrong: U+FFFD for lone surrogates, ``repr`` for
     values OTLP cannot carry, strings cut to ``limit``; exception text redacted when
@@ -173,7 +161,7 @@ class Cleaner:
             return value if _INT64[0] <= value < _INT64[1] else str(value)
         if cls is bytes:
             return value if self.limit is None else value[: self.limit]
-        if isinstance(value, _SUBCLASSED):
+        if isinstance(value, SUBCLASSED):
             return self.value(base_value(value), depth)
         if depth >= MAX_DEPTH:
             return TOO_DEEP

@@ -43,6 +43,7 @@ from opentelemetry.sdk._configuration import _OTelSDKConfigurator
 from opentelemetry.sdk.resources import Resource
 
 from dask_otel import runtime
+from dask_otel.config import FILE_EXPORT_DIR
 from dask_otel.distro.drops import NOUNS, register_dropped_counter, warned
 from dask_otel.distro.processors import counting_processors
 from dask_otel.distro.processors import span_processor as span_processor  # as README says
@@ -58,8 +59,6 @@ from dask_otel.runtime import say_once
 logger = logging.getLogger(__name__)
 
 
-#: Directory for the ``otlp_json_file`` exporters' files (``dask-otel demo`` sets it).
-FILE_EXPORT_DIR = "DASK_OTEL_FILE_EXPORT_DIR"
 #: Longest the exit waits for its exporters to stop (their gRPC channels to close).
 STOP_TIMEOUT = 1.0
 

@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dask_otel.distro import sanitize
 from dask_otel.runtime import report_once
 from dask_otel.signals import flight_folders
 from dask_otel.signals.flight_folders import SUFFIX, directory
 from dask_otel.signals.flight_ring import Ring, RingContents, read_ring
+from dask_otel.values import base_value
 
 logger = logging.getLogger(__name__)
 
@@ -209,7 +209,7 @@ def _base_values(values: Any) -> Any:
         return [_base_values(value) for value in values]
     if values.__class__ is dict:
         return {key: _base_values(value) for key, value in values.items()}
-    return sanitize.base_value(values)
+    return base_value(values)
 
 
 def _allocate(fd: int, size: int) -> None:
