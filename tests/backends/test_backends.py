@@ -166,6 +166,64 @@ def test_span_kinds_follow_the_contract(recording: Recording) -> None:
     assert not wrong, wrong[:10]
 
 
+#: Attributes README's trace contract promises on each kind of span (a subset: those
+#: every such span of the job must carry), by (name pattern, service).
+CONTRACT = {
+    (r"compute .+", "dask-client"): {"dask.client.id", "dask.graph.keys"},
+    (r"graph", "dask-scheduler"): {
+        "dask.cluster.id",
+        "dask.client.id",
+        "dask.graph.keys",
+        "dask.graph.tasks",
+        "dask.graph.memory",
+        "dask.graph.erred",
+        "dask.graph.forgotten",
+    },
+    (r"task .+", "dask-worker"): {
+        "dask.cluster.id",
+        "dask.task.key",
+        "dask.task.prefix",
+        "dask.task.group",
+        "dask.worker.address",
+        "thread.id",
+        "dask.task.compute_seconds",
+    },
+    (r"attempt .+", "dask-scheduler"): {
+        "dask.task.key",
+        "dask.worker.address",
+        "dask.attempt.outcome",
+    },
+    (r"task .+", "dask-scheduler"): {
+        "dask.task.key",
+        "dask.task.state",
+        "dask.task.attempts",
+        "error.type",
+    },
+    (r"transfer", "dask-worker"): {
+        "dask.worker.address",
+        "dask.peer.address",
+        "network.peer.address",
+        "network.peer.port",
+        "dask.transfer.keys",
+        "dask.transfer.bytes",
+        "dask.transfer.outcome",
+    },
+    (r"rpc .+", "dask-worker"): {"rpc.system.name", "rpc.method", "server.address"},
+    (r"died .+", "dask-nanny"): {"dask.task.key", "dask.worker.death.cause"},
+}
+
+
+@pytest.mark.parametrize(("pattern", "role"), sorted(CONTRACT))
+def test_spans_carry_the_attributes_readme_promises(
+    recording: Recording, pattern: str, role: str
+) -> None:
+    spans = [(t, s) for t, s in by_name(recording.traces, pattern) if service(t, s) == role]
+    assert spans, f"no {pattern} span from {role}"
+    for _trace, span in spans:
+        missing = CONTRACT[pattern, role] - set(tags(span))
+        assert not missing, f"{span['operationName']} lacks {sorted(missing)}"
+
+
 def test_data_movement_and_spilling_are_spans(recording: Recording) -> None:
     transfers = by_name(recording.traces, r"transfer")
     assert transfers and by_name(recording.traces, r"rpc get_data")
