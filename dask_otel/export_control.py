@@ -82,6 +82,13 @@ class ExportHealth:
             if threading.get_ident() in self._running:
                 self._running[threading.get_ident()] = now
 
+    def attempt_failed(self) -> None:
+        """An attempt of an export under way failed, and its exporter sleeps before the
+        next: the collector is taken for down until an export succeeds, without waiting
+        for the export's last attempt (seconds later)."""
+        with self._lock:
+            self.last_failure = time.monotonic()
+
     def gave_up(self) -> None:
         """A flush stopped waiting: the collector is taken for down until an export succeeds."""
         self.last_failure = time.monotonic()

@@ -173,10 +173,10 @@ def shutdown(providers: Providers, timeout: float) -> bool:
 
 def _bounded(method: str, providers: Providers, timeout: float, kwargs: dict[str, Any]) -> bool:
     """Call ``method`` of every provider in daemon threads; wait at most ``timeout``, and
-    no longer than :data:`health` allows."""
+    no longer than :data:`health` allows as the exports go (a first attempt refused
+    shortens the wait at once)."""
     started = time.monotonic()
     deadline = started + timeout
-    patience = health.patience()
     threads = []
     for provider in (
         providers.tracer_provider,
@@ -195,7 +195,7 @@ def _bounded(method: str, providers: Providers, timeout: float, kwargs: dict[str
             threads.append(thread)
     for thread in threads:
         while thread.is_alive():
-            stop = min(deadline, health.give_up_at(started, patience))
+            stop = min(deadline, health.give_up_at(started, health.patience()))
             now = time.monotonic()
             if now >= stop:
                 health.gave_up()

@@ -28,13 +28,14 @@ import time
 
 import pytest
 from conftest import bin_path, otel_env, start_scheduler, start_worker
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics._internal.exceptions import MetricsTimeoutError
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from otlp_receiver import UNANSWERED, unanswered
+from otlp_receiver import UNANSWERED, closed_port, unanswered
 
 from dask_otel import export_control, runtime
 from dask_otel.distro import drops, processors
@@ -341,6 +342,23 @@ def test_flush_stops_waiting_for_an_exporter_that_hangs(fresh_health):
         assert exporter.exported == 2
     finally:
         exporter.release.set()
+        processor.shutdown()
+
+
+def test_a_flush_stops_waiting_once_the_collector_refused_an_attempt(fresh_health):
+    """The real OTLP/gRPC exporter against a closed port: its first attempt is refused at
+    once, and the flush waits only as long as for a collector that may be back
+    (``GRACE``), not for one that has said nothing yet (``STALL``), nor for the retries."""
+    exporter = OTLPSpanExporter(endpoint=f"127.0.0.1:{closed_port()}", insecure=True)
+    processor, tracer = traced(exporter, schedule_delay_millis=60_000)
+    try:
+        task_span(tracer, 0)
+        started = time.monotonic()
+        assert processor.force_flush(30_000) is False
+        took = time.monotonic() - started
+        assert runtime.health.failing()
+        assert took < export_control.STALL, took
+    finally:
         processor.shutdown()
 
 

@@ -8,17 +8,22 @@ after the cluster is gone (distributed's tests fail a test that leaves one), and
 waiting whatever waits for that export. So an export is given up, its batch counted as
 lost, as soon as nothing of Dask's runs in the process any more and the collector is down
 or hung as far as the exports tell (``runtime.health``): the exporter's sleep between
-attempts and its wait for an answer look every :data:`LOOK` seconds.
+attempts looks every :data:`LOOK` seconds, and while an OTLP/gRPC call waits for its
+answer a thread of its own looks as often, to cancel it.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import time
 from typing import Any
 
 from dask_otel import runtime
+from dask_otel.runtime import start_daemon
+
+logger = logging.getLogger(__name__)
 
 #: Seconds between two looks, in an export, at whether to give it up.
 LOOK = 0.05
@@ -31,10 +36,13 @@ def abandoned() -> bool:
 
 
 class _Backoff(threading.Event):
-    """The exporter's ``_shutdown_in_progress``, on which it sleeps between attempts: the
-    sleep also ends when the export is given up (the exporter then stops retrying)."""
+    """The event an exporter sleeps on between attempts (the OTLP/gRPC exporters'
+    ``_shutdown_in_progress``, the OTLP/HTTP client's ``_shutdown_event``): the
+    sleep also ends when the export is given up (the exporter then stops retrying). That
+    it sleeps tells that the collector failed an attempt (``runtime.health`` hears of it)."""
 
     def wait(self, timeout: float | None = None) -> bool:
+        runtime.health.attempt_failed()
         deadline = float("inf") if timeout is None else time.monotonic() + timeout
         while not super().wait(min(LOOK, max(0.0, deadline - time.monotonic()))):
             if abandoned():
@@ -45,20 +53,77 @@ class _Backoff(threading.Event):
 
 
 class _Stub:
-    """The exporter's gRPC stub: an export waits for its answer in slices, and is cancelled
-    when given up."""
+    """The exporter's gRPC stub: its calls are listed while they wait for an answer, for
+    :func:`_cut` to cancel them (blocking calls, as the exporter makes them: a call's
+    future would need gRPC's own thread, which a fork can split)."""
 
-    def __init__(self, stub: Any) -> None:
+    def __init__(self, stub: Any, exporter: Any) -> None:
         self._stub = stub
+        self._exporter = exporter
 
     def Export(self, request: Any, metadata: Any = None, timeout: float | None = None) -> Any:
-        call = self._stub.Export.future(request, metadata=metadata, timeout=timeout)
-        answered = threading.Event()
-        call.add_done_callback(lambda _: answered.set())
-        while not answered.wait(LOOK):
-            if abandoned() and call.cancel():
-                raise call  # an RpcError (CANCELLED), which the exporter does not retry
-        return call.result()  # raises the call's RpcError, which the exporter handles
+        call = object()
+        with _lock:
+            _calls[call] = self._exporter
+        try:
+            _watch()
+            return self._stub.Export(request=request, metadata=metadata, timeout=timeout)
+        finally:
+            with _lock:
+                del _calls[call]
+
+
+#: The exporter of each call waiting for an answer; the thread cancelling them.
+_calls: dict[object, Any] = {}
+_lock = threading.Lock()
+_canceller: threading.Thread | None = None
+
+
+def _watch() -> None:
+    """While calls wait for an answer, a thread that cancels them if the collector does
+    not answer once nothing of Dask's runs in the process; it ends when none waits."""
+    global _canceller
+    with _lock:
+        if not _calls or _canceller is not None:
+            return
+        _canceller = start_daemon(logger, _cancel, "dask-otel-abandon", "giving up exports")
+
+
+def _cancel() -> None:
+    global _canceller
+    cut: set[object] = set()  # calls cancelled, while their threads list them still
+    while True:
+        time.sleep(LOOK)
+        with _lock:
+            waiting = dict(_calls)
+            if not waiting:
+                _canceller = None  # a call listed from now on starts another
+                return
+        if runtime.health.failing() and runtime.metric_demand.released():
+            for exporter in {waiting[call] for call in waiting.keys() - cut}:
+                _cut(exporter)
+            cut = set(waiting)
+
+
+def _cut(exporter: Any) -> None:
+    """Cancel the calls of ``exporter`` by closing their channel (the exporter then sleeps
+    before retrying, and :class:`_Backoff` ends the export); its next one has a new
+    channel."""
+    with runtime.fork_gate.work():
+        channel = exporter._channel
+        exporter._initialize_channel_and_stub()
+        channel.close()
+
+
+def _forget_parent() -> None:
+    """In a forked child: the parent's calls and canceller are not here."""
+    global _lock, _canceller
+    _lock = threading.Lock()
+    _calls.clear()
+    _canceller = None
+
+
+runtime.forget_in_child(_forget_parent)
 
 
 def abandonable(exporter: Any) -> None:
@@ -73,9 +138,9 @@ def abandonable(exporter: Any) -> None:
             return
         exporter._shutdown_in_progress = _backoff(exporter._shutdown_in_progress)
         stub = exporter._stub  # a new channel (after UNAVAILABLE) makes a new stub with it
-        exporter._stub = lambda channel: _Stub(stub(channel))
+        exporter._stub = lambda channel: _Stub(stub(channel), exporter)
         if client is not None:
-            exporter._client = _Stub(client)
+            exporter._client = _Stub(client, exporter)
     elif isinstance(client, getattr(http_module, "_OTLPHTTPClient", ())):
         client._shutdown_event = _backoff(client._shutdown_event)
 

@@ -40,6 +40,9 @@ from dask_otel.runtime import report_once, start_daemon
 logger = logging.getLogger(__name__)
 
 
+#: Seconds between two looks at the collector's health while a flush waits.
+LOOK = 0.05
+
 #: Per signal: the prefix of its ``OTEL_*`` batch variables, and the SDK's defaults.
 _BATCH_VARIABLES = {"traces": "OTEL_BSP_", "logs": "OTEL_BLRP_"}
 _BATCH_DEFAULTS = {
@@ -247,15 +250,15 @@ class ExportQueue:
     def _wait(self, target: int, timeout: float) -> bool:
         started = time.monotonic()
         deadline = started + timeout
-        patience = runtime.health.patience()
         with self._lock:
             while self._done < target:
+                patience = runtime.health.patience()  # as the exports go
                 stop = min(deadline, runtime.health.give_up_at(started, patience))
                 remaining = stop - time.monotonic()
                 if remaining <= 0:
                     runtime.health.gave_up()
                     return False
-                self._changed.wait(remaining)
+                self._changed.wait(min(remaining, LOOK))
         return True
 
     def _start(self) -> None:
