@@ -14,16 +14,12 @@ answer a thread of its own looks as often, to cancel it.
 
 from __future__ import annotations
 
-import logging
 import sys
 import threading
 import time
 from typing import Any
 
 from dask_otel import runtime
-from dask_otel.runtime import start_daemon
-
-logger = logging.getLogger(__name__)
 
 #: Seconds between two looks, in an export, at whether to give it up.
 LOOK = 0.05
@@ -86,7 +82,12 @@ def _watch() -> None:
     with _lock:
         if not _calls or _canceller is not None:
             return
-        _canceller = start_daemon(logger, _cancel, "dask-otel-abandon", "giving up exports")
+        canceller = threading.Thread(target=_cancel, name="dask-otel-abandon", daemon=True)
+        try:
+            canceller.start()
+        except RuntimeError:  # an interpreter's exit that refuses threads: bounded by its own
+            return
+        _canceller = canceller
 
 
 def _cancel() -> None:
