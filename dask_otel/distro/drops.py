@@ -22,6 +22,13 @@ from dask_otel.runtime import report_once
 
 logger = logging.getLogger(__name__)
 
+# The OTLP exporters log every failed attempt (with the collector down, a few lines a
+# second per signal and process). Where the program configured no handler, Python prints
+# them on stderr as its last resort, where plain Dask prints nothing (a Nanny's worker
+# forwards them to the client; distributed's tests read stderr): they reach the handlers a
+# program configured, and only those. What is lost is said here, once.
+logging.getLogger("opentelemetry.exporter.otlp").addHandler(logging.NullHandler())
+
 
 #: Spans and log records lost in this process, by (signal, reason).
 _dropped: Counter[tuple[str, str]] = Counter()
