@@ -54,6 +54,8 @@ class ExportHealth:
         #: When an export last succeeded; when one last failed or a flush gave up (0: never).
         self.last_success = 0.0
         self.last_failure = 0.0
+        #: When the collector last refused an attempt (the exporter sleeps before its next).
+        self.last_refusal = 0.0
 
     @contextlib.contextmanager
     def exporting(self) -> Iterator[Outcome]:
@@ -87,7 +89,7 @@ class ExportHealth:
         next: the collector is taken for down until an export succeeds, without waiting
         for the export's last attempt (seconds later)."""
         with self._lock:
-            self.last_failure = time.monotonic()
+            self.last_failure = self.last_refusal = time.monotonic()
 
     def gave_up(self) -> None:
         """A flush stopped waiting: the collector is taken for down until an export succeeds."""
@@ -111,9 +113,13 @@ class ExportHealth:
 
     def give_up_at(self, since: float, patience: float) -> float:
         """When a wait that began at ``since`` should stop, no export having succeeded
-        for ``patience`` seconds (infinity when dask-otel does not export here)."""
+        for ``patience`` seconds; when the collector refused an attempt during the wait,
+        then (the exporter's next attempt is a backoff away, 0.8 s at least). Infinity
+        when dask-otel does not export here."""
         if not self.watched:
             return float("inf")
+        if self.last_refusal > max(since, self.last_success):
+            return self.last_refusal
         return max(since, self.last_success) + patience
 
     def forget_parent(self) -> None:
