@@ -31,11 +31,6 @@ with _DEFAULTS_PATH.open() as _f:
 dask.config.update_defaults(DEFAULTS)
 
 
-#: The environment variable naming the directory of the ``otlp_json_file`` exporters'
-#: files (``dask-otel demo`` sets it).
-FILE_EXPORT_DIR = "DASK_OTEL_FILE_EXPORT_DIR"
-
-
 class ConfigError(ValueError):
     """An ``otel.*`` config value that dask-otel cannot use."""
 

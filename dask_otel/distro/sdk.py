@@ -43,7 +43,6 @@ from opentelemetry.sdk._configuration import _OTelSDKConfigurator
 from opentelemetry.sdk.resources import Resource
 
 from dask_otel import runtime
-from dask_otel.config import FILE_EXPORT_DIR
 from dask_otel.distro.drops import NOUNS, register_dropped_counter, warned
 from dask_otel.distro.processors import counting_processors
 from dask_otel.distro.processors import span_processor as span_processor  # as README says
@@ -54,6 +53,7 @@ from dask_otel.distro.readers import (
     readers_on_demand,
     watch_metric_exporters,
 )
+from dask_otel.environment import FILE_EXPORT_DIR
 from dask_otel.runtime import say_once
 
 logger = logging.getLogger(__name__)

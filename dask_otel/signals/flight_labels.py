@@ -16,7 +16,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from dask_otel.config import FILE_EXPORT_DIR
+from dask_otel.environment import FILE_EXPORT_DIR
 from dask_otel.signals import flight_folders
 
 #: The settings that say where a process's telemetry goes (and as whom): OTLP endpoints,

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 from distributed import Client
 
 import dask_otel
-from dask_otel.config import FILE_EXPORT_DIR
+from dask_otel.environment import FILE_EXPORT_DIR
 from dask_otel.tools import report, summary
 from dask_otel.tools.demo_delivery import FLUSH_TIMEOUT, Delivery, flush_everywhere
 from dask_otel.tools.demo_workload import SIZES, Size, Steps, compute
