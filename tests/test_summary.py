@@ -369,3 +369,21 @@ def test_error_records_keep_their_reason():
         == "Task die-2d062b16… was lost with worker 127.0.0.1:37537 (exited with status 1)"
     )
     assert cut("Worker died: " + "x" * 100, 20) == "Worker died: xxxxxx…"
+
+
+def test_a_task_rerun_after_its_worker_was_lost_is_no_recovery(tmp_path):
+    """An attempt only the scheduler reports, lost with its worker (no run of its own, no
+    Nanny's ``died`` span), may never have started there: its task ran again, it did not
+    recover from a failure."""
+    key = {"dask.task.key": "queued-1", "dask.task.prefix": "queued"}
+    record(tmp_path / "traces-scheduler-1.jsonl", "dask-scheduler", [
+        {"name": "attempt queued", "attributes": {**key, "dask.attempt.outcome": "worker-died",
+                                                  "dask.worker.address": "tcp://10.0.0.9:1"},
+         "exception": "worker died"},
+    ])  # fmt: skip
+    record(tmp_path / "traces-worker-1.jsonl", "dask-worker", [
+        {"name": "task queued", "attributes": {**key, "thread.id": 1, **WORKER},
+         "start": 2_500_000_000, "end": 3_000_000_000},
+    ])  # fmt: skip
+    out = text(tmp_path)
+    assert "0 recovered on retry, 1 run again after their worker was lost\n" in out, out

@@ -96,11 +96,14 @@ class _Report:
         tasks = with_spans.values()
         failed = sum(t.failed and not t.erred_by for t in tasks)
         dependents = sum(t.failed and bool(t.erred_by) for t in tasks)
-        retried = [key for (_, key), t in with_spans.items() if t.failed_attempts and not t.failed]
+        again = [(k, t) for (_, k), t in with_spans.items() if t.failed_attempts and not t.failed]
+        retried = [key for key, t in again if t.failed_after_running]
+        rerun = len(again) - len(retried)
         attempts = sum(t.attempts for t in tasks)
         w(f"Tasks with spans: {len(tasks)} ({attempts} attempts); {failed} failed, "
           f"{dependents} failed because a dependency did, "
-          f"{len(retried)} recovered on retry\n")  # fmt: skip
+          f"{len(retried)} recovered on retry"
+          f"{f', {rerun} run again after their worker was lost' if rerun else ''}\n")  # fmt: skip
         if retried:
             named = ", ".join(elide(key, KEY_WIDTH) for key in retried[:3])
             more = f", ... {len(retried) - 3} more" if len(retried) > 3 else ""

@@ -65,6 +65,8 @@ class _Task:
     #: dask-otel's earlier layout their parent): attempts lost with their worker, which
     #: the scheduler may have reported as an ``attempt`` span too, or not.
     lost: list[str] = field(default_factory=list)
+    #: Failed attempts with no run of their own (the scheduler's, lost with their worker).
+    unran_ids: set[str] = field(default_factory=set)
     #: Attempts the scheduler counted (``dask.task.attempts``); 0 if no span said.
     counted: int = 0
     #: A ``task`` span said ERROR / OK; the latest attempt failed.
@@ -85,6 +87,16 @@ class _Task:
     @property
     def failed_attempts(self) -> int:
         return len(self.failed_ids) + sum(p not in self.attempt_ids for p in self.lost)
+
+    @property
+    def failed_after_running(self) -> bool:
+        """A failed attempt is known to have run: its worker reported it, or a Nanny's
+        ``died`` span names it. One the scheduler alone says was lost with its worker may
+        have been queued there, never started."""
+        named = set(self.lost)
+        return any(i not in self.unran_ids or i in named for i in self.failed_ids) or any(
+            p not in self.attempt_ids for p in named
+        )
 
     @property
     def failed(self) -> bool:
@@ -239,6 +251,8 @@ class Summary:
         task.attempt_ids.add(span.span_id)
         if span.error:
             task.failed_ids.add(span.span_id)
+            if not span.ran:
+                task.unran_ids.add(span.span_id)
         if span.end >= task.last_attempt_end:
             task.last_attempt_end, task.last_attempt_failed = span.end, span.error
         if not span.ran:
