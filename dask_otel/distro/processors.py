@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from dask_otel import runtime
 from dask_otel.distro import otlp, sanitize
-from dask_otel.distro.abandon import abandonable
+from dask_otel.distro.abandon import abandonable, abandoned
 from dask_otel.distro.compact_spans import CompactSpan, SharedObjects, compact, rebuild
 from dask_otel.distro.drops import NOUNS
 from dask_otel.distro.mirror import Mirror, compact_log, configured_processors
@@ -78,6 +78,9 @@ class CountingExporter:
         try:
             result = self.exporter.export(self.readable(items))
         except Exception as e:
+            if abandoned():  # given up: its call was cut (a closed channel), not its items
+                self.lost += len(items)
+                return self.failure
             if len(items) > 1:
                 half = len(items) // 2
                 first, second = self._send(items[:half]), self._send(items[half:])
