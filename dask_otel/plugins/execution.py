@@ -271,14 +271,18 @@ class ExecuteTracer(InstancePatch):
 
     @staticmethod
     def _links(attempt: _Attempt, carrier: ids.Carrier) -> list[trace.Link]:
-        """Links to the spans of the task's dependencies: as the scheduler named them, or
-        derived from their keys (same graph; in a thinned graph only those known here)."""
+        """Links to the spans of the task's earlier attempts, then of its dependencies: as
+        the scheduler named them, or derived from their keys (same graph; in a thinned
+        graph only those known here)."""
         relation = {"dask.link": "dependency"}
-        key = ids.key_to_str(attempt.key)
-        earlier = ids.earlier_attempt_links(carrier.context, key, carrier.generation)
+        generation = carrier.generation
+        links = (
+            ids.earlier_attempt_links(carrier.context, ids.key_to_str(attempt.key), generation)
+            if generation
+            else []
+        )
         if carrier.links is not None:
-            return earlier + [trace.Link(link, relation) for link in carrier.links]
-        links = earlier
+            return links + [trace.Link(link, relation) for link in carrier.links]
         for key, annotation in attempt.dependencies:
             ref = ids.task_ref(annotation, key)
             if ref is None and not carrier.partial:

@@ -133,13 +133,14 @@ class _SpillScope:
         disk: TracedDisk,
         key: Any,
         name: str,
-        parent: ids.TaskRef,
+        task: ids.TaskRef,
         attributes: dict[str, Any],
     ) -> None:
         self.disk = disk
         self.key = key
         self.name = name
-        self.parent = parent
+        #: The task whose result is moved: the span links to its span.
+        self.task = task
         self.attributes = attributes
 
     def __enter__(self) -> None:
@@ -157,7 +158,7 @@ class _SpillScope:
             times,
             self.attributes,
             cause or exc,
-            [ids.task_link(self.parent, "result")],
+            [ids.task_link(self.task, "result")],
         )
 
 
