@@ -118,8 +118,9 @@ def _end_when_ready(client: Any, futures: Any, span: trace.Span) -> None:
         states = [client.futures.get(key) for key in futures]
         pending = [state for state in states if state is not None and not state.done()]
         if pending:
+            if not _waiting:  # after the providers exist: its exit step comes before theirs
+                runtime.at_exit("build", _end_waiting)
             _waiting.add(span)
-            runtime.at_exit("build", _end_waiting)
             client.loop.add_callback(_end_after, pending, span)
             return
     except Exception as e:
