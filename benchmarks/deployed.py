@@ -51,7 +51,7 @@ from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 
 from dask_otel import DaskInstrumentor
-from dask_otel.distro import processors
+from dask_otel.export import processors
 
 #: The processes whose CPU each round reports, in this order (``loop``: the scheduler's
 #: event-loop thread).

@@ -45,14 +45,14 @@ from overhead import (
 )
 
 import dask_otel
-from dask_otel.distro import compact_spans, mirror
+from dask_otel.export import queued_spans, recorder_copy
 from dask_otel.signals import flight
 
 
 def micro(rounds: int, calls: int) -> None:
     provider = TracerProvider()
     tracer = provider.get_tracer("dask_otel", "0")
-    shared = compact_spans.SharedObjects()
+    shared = queued_spans.SharedObjects()
     span = tracer.start_span(
         "execute inc",
         attributes={
@@ -66,7 +66,7 @@ def micro(rounds: int, calls: int) -> None:
     )
     span.set_attribute("thread.id", 140234)
     span.end()
-    values = compact_spans.compact(span, shared)  # type: ignore[arg-type]
+    values = queued_spans.compact(span, shared)  # type: ignore[arg-type]
     record = ReadWriteLogRecord(
         LogRecord(
             timestamp=time.time_ns(),
@@ -85,7 +85,7 @@ def micro(rounds: int, calls: int) -> None:
                 recorder.span(values, span.resource, span.instrumentation_scope)
 
         def copy_log() -> None:
-            values = mirror.compact_log(record.log_record)
+            values = recorder_copy.compact_log(record.log_record)
             with recorder.lock:
                 recorder.log(values, record.resource, record.instrumentation_scope)
 

@@ -49,7 +49,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 import dask_otel
-from dask_otel.distro import processors
+from dask_otel.export import processors
 from dask_otel.spans import emitter, ids
 
 DASK_OTEL = tracemalloc.Filter(True, "*/dask_otel/*")

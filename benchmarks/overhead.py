@@ -60,7 +60,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 import dask_otel
-from dask_otel.distro import processors, sdk
+from dask_otel.distro import sdk
+from dask_otel.export import processors
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 # The OTLP receiver the tests, benchmarks and scripts share, in a process of its own.

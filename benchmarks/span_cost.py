@@ -22,7 +22,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from dask_otel.distro import compact_spans, otlp, processors, sanitize, written
+from dask_otel.export import otlp_encoding, processors, queued_spans, sanitize, span_writer
 
 PARENT = trace.SpanContext(0x1234, 0x5678, False, trace.TraceFlags(trace.TraceFlags.SAMPLED))
 LINKS = [
@@ -87,15 +87,15 @@ def main() -> None:
 
     build()
     span = kept.span
-    shared = compact_spans.SharedObjects()
-    values = compact_spans.compact(span, shared)
+    shared = queued_spans.SharedObjects()
+    values = queued_spans.compact(span, shared)
     batch = [span] * 512
 
     # Lever (c): the same span written straight as the tuple dask-otel's processor queues.
     queued = processors.span_processor(Discarding())
     direct = TracerProvider()
     direct.add_span_processor(queued)
-    writer = written.span_writer(direct.get_tracer("dask_otel"))
+    writer = span_writer.span_writer(direct.get_tracer("dask_otel"))
 
     def write(attributes: dict = ATTRIBUTES, event: dict = EVENT) -> None:
         kind = trace.SpanKind.INTERNAL
@@ -112,16 +112,16 @@ def main() -> None:
     tuples = [
         (*values[:10], {**values[10], "dask.task.key": f"k{i}"}, *values[11:]) for i in range(512)
     ]
-    encoder = otlp.Encoder(shared.__getitem__, shared.__getitem__)
+    encoder = otlp_encoding.Encoder(shared.__getitem__, shared.__getitem__)
     spans = sanitize.Spans(shared.is_own_scope)
     print(f"CPU us per span (median of 5 runs of {args.spans:,} spans each):")
     steps = {
         "start_span, add_event, end (the SDK's span)": lambda: per_call(build, args.spans),
         "compact (queued by dask-otel's processor)": lambda: per_call(
-            lambda: compact_spans.compact(span, shared), args.spans
+            lambda: queued_spans.compact(span, shared), args.spans
         ),
         "rebuild (for the exporter)": lambda: per_call(
-            lambda: compact_spans.rebuild(values, shared), args.spans
+            lambda: queued_spans.rebuild(values, shared), args.spans
         ),
         "check before export (sanitize, batches of 512)": lambda: per_call(
             lambda: list(sanitize.requests(tuples, spans)), max(1, args.spans // 512), 512

@@ -4,7 +4,7 @@ Where its components get their tracer, meter and logger provider (a plugin objec
 pickled and shipped to another process, so it never carries providers itself: it asks
 this module when it starts; the providers handed to ``DaskInstrumentor().instrument(...)``
 in this process win, otherwise the global ones); the one instance of each class of
-:mod:`dask_otel.export_control` (what the exports tell of the collector, the fork gate,
+:mod:`dask_otel.runtime_state` (what the exports tell of the collector, the fork gate,
 the demand for metrics on a schedule); the one after-fork handler; the one exit handler;
 and what is said once.
 """
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import _logs, metrics, trace
 
-from dask_otel.export_control import ExportHealth, ForkGate, MetricDemand
+from dask_otel.runtime_state import ExportHealth, ForkGate, MetricDemand
 from dask_otel.version import __version__
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Status, StatusCode
 
-from dask_otel.distro.written import span_writer
+from dask_otel.export.span_writer import span_writer
 from dask_otel.spans import ids
 from dask_otel.spans.emitter import SpanEmitter
 from dask_otel.spans.records import MAX_CALLS, DeferredSpan, EndedSpans
@@ -296,7 +296,7 @@ def test_a_written_span_keeps_the_sdks_count_limit_without_a_length_limit():
 
 
 def test_with_dask_otels_processor_alone_the_tuple_is_queued_directly():
-    from dask_otel.distro import processors
+    from dask_otel.export import processors
 
     written, started = written_and_started(processor=processors.span_processor)
     assert fields(written) == fields(started)

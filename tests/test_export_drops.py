@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from dask_otel import runtime
-from dask_otel.distro import drops, processors
+from dask_otel.export import drops, processors
 
 
 class FailingExporter(SpanExporter):
@@ -67,7 +67,7 @@ def test_full_queue_and_failed_export_are_counted_and_said_once(monkeypatch, cap
         for _ in range(10):  # a full batch: the processor's thread takes it and blocks
             tracer.start_span("first").end()
         assert exporter.entered.wait(30)
-        with caplog.at_level(logging.WARNING, logger="dask_otel.distro.drops"):
+        with caplog.at_level(logging.WARNING, logger="dask_otel.export.drops"):
             for _ in range(25):  # 10 fill the queue again, 15 find it full
                 tracer.start_span("second").end()
             exporter.release.set()  # the first batch fails, then the queued one
@@ -82,7 +82,7 @@ def test_full_queue_and_failed_export_are_counted_and_said_once(monkeypatch, cap
     lost = {k: v - before.get(k, 0) for k, v in drops.dropped().items() if v != before.get(k)}
     assert lost == {("traces", "queue_full"): 15, ("traces", "export_failed"): 10 + 10 + 5}
     assert exporter.batches == [10, 10, 5]
-    warnings = [r for r in caplog.records if r.name == "dask_otel.distro.drops"]
+    warnings = [r for r in caplog.records if r.name == "dask_otel.export.drops"]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
     message = warnings[0].getMessage()
     assert message.startswith("dask-otel: spans lost: ")
@@ -104,7 +104,8 @@ from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.sdk._logs import LogRecordProcessor
 
 import dask_otel
-from dask_otel.distro import drops, processors, sdk
+from dask_otel.export import drops, processors
+from dask_otel.distro import sdk
 from distributed import Client, LocalCluster
 
 

@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from dask_otel import runtime as telemetry
-from dask_otel.distro import compact_spans, mirror
+from dask_otel.export import queued_spans, recorder_copy
 from dask_otel.signals import flight, flight_folders, flight_ring
 
 #: A process that configures the SDK as a dask-otel worker does (exports held for a
@@ -34,7 +34,8 @@ CHILD = textwrap.dedent(
     from pathlib import Path
     from opentelemetry import trace
     from dask_otel.signals import flight, flight_folders, logs
-    from dask_otel.distro import drops, mirror, sdk
+    from dask_otel.export import drops, recorder_copy
+    from dask_otel.distro import sdk
     from dask_otel import runtime as telemetry
 
     path, spans, flushed, records = sys.argv[1], *map(int, sys.argv[2:])
@@ -43,7 +44,7 @@ CHILD = textwrap.dedent(
     assert sdk.configure("worker")
     recorder = flight.FlightRecorder(Path(path), 1 << 20, 16)
     recorder.identify(**{"dask.worker.address": "tcp://worker:1"})
-    assert mirror.mirror(recorder) == {"traces", "logs"}
+    assert recorder_copy.mirror(recorder) == {"traces", "logs"}
     slot = recorder.started("running-1", "running", "00-" + "1" * 32 + "-" + "2" * 16 + "-01", 7, 1)
     done = recorder.started("done-1", "done", None, 8, 2)
     recorder.ended(done)
@@ -59,7 +60,7 @@ CHILD = textwrap.dedent(
         logging.getLogger("child").warning("record %d", i)
     # What the span queue holds as the process dies, taken while no export is under way
     # and none can start (its batch, out of the queue, is not exported yet).
-    with mirror.configured_processors[0].export_queue.held_still() as items:
+    with recorder_copy.configured_processors[0].export_queue.held_still() as items:
         queued = [values[0] for values in items]
         dropped = drops.dropped().get(("traces", "queue_full"), 0)
         print("QUEUED", *queued, sep="|", file=sys.stderr, flush=True)
@@ -93,14 +94,16 @@ def run_child(tmp_path, spans=0, flushed=0, records=0, **env):
 
 
 def recovered(wreck):
-    """What ``mirror.recover`` hands to this process's providers, exported in memory."""
+    """What ``recorder_copy.recover`` hands to this process's providers, exported in memory."""
     spans, records = InMemorySpanExporter(), InMemoryLogRecordExporter()
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
     logger_provider = LoggerProvider()
     logger_provider.add_log_record_processor(SimpleLogRecordProcessor(records))
     providers = telemetry.Providers(tracer_provider, NoOpMeterProvider(), logger_provider)
-    handed = mirror.recover(providers, wreck.objects, wreck.unexported_spans, wreck.unexported_logs)
+    handed = recorder_copy.recover(
+        providers, wreck.objects, wreck.unexported_spans, wreck.unexported_logs
+    )
     return handed, spans.get_finished_spans(), [r.log_record for r in records.get_finished_logs()]
 
 
@@ -213,7 +216,7 @@ def test_subclasses_of_attribute_types_are_recorded_as_their_base_values(tmp_pat
     provider.get_tracer("t").start_span("odd values", attributes=attributes).end()
     (span,) = finished.get_finished_spans()
     recorder = flight.FlightRecorder(tmp_path / "1.flight", 1 << 20, 16)
-    values = compact_spans.compact(span, compact_spans.SharedObjects())
+    values = queued_spans.compact(span, queued_spans.SharedObjects())
     assert recorder.span(values, span.resource, span.instrumentation_scope) == 0
     _, (sent,), _ = recovered(flight.read(tmp_path / "1.flight"))
     assert dict(sent.attributes) == {"level": 2, "tag": "t", "plain": True}

@@ -112,7 +112,7 @@ import os
 registered = []
 register = os.register_at_fork
 os.register_at_fork = lambda **handlers: registered.append(handlers) or register(**handlers)
-import dask_otel.distro.sdk, dask_otel.distro.readers, dask_otel.spans.emitter
+import dask_otel.distro.sdk, dask_otel.export.metric_readers, dask_otel.spans.emitter
 import dask_otel.signals.metrics, dask_otel.identity
 print(sum(
     any(str(handler.__module__).startswith("dask_otel") for handler in handlers.values())
@@ -176,7 +176,7 @@ def test_a_fork_waits_for_work_under_way_boundedly(whose):
 #: their lock (in many steps: a thread switch may come meanwhile); each child counts one.
 FORK_DURING_COUNT_READ = """
 import logging, os, signal, sys, threading
-from dask_otel.distro import drops
+from dask_otel.export import drops
 
 logging.disable()  # what is said of the losses
 for reason in range(1000):
@@ -217,7 +217,7 @@ def test_a_forked_child_counts_its_losses():
 #: A process that lost spans forks: what does its child count as lost?
 DROPS_IN_CHILD = """
 import os
-from dask_otel.distro import drops
+from dask_otel.export import drops
 drops.count_dropped("traces", "queue_full", 5)
 pid = os.fork()
 if pid == 0:

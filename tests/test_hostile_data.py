@@ -29,7 +29,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Link, SpanContext, Status, StatusCode, TraceFlags
 
 from dask_otel import runtime
-from dask_otel.distro import drops, processors
+from dask_otel.export import drops, processors
 
 SURROGATE = "cannot parse /data/caf\udce9.csv"
 NUL = "nul\x00byte"

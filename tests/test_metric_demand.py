@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import time
 
-from dask_otel.export_control import MetricDemand
+from dask_otel.runtime_state import MetricDemand
 
 
 class Holder:

@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.span import TraceState
 
-from dask_otel.distro import compact_spans, otlp
+from dask_otel.export import otlp_encoding, queued_spans
 
 
 class Keep(SpanProcessor):
@@ -65,20 +65,20 @@ def spans_of_every_shape() -> list:
 
 
 def test_the_request_is_the_sdk_encoders():
-    shared = compact_spans.SharedObjects()
+    shared = queued_spans.SharedObjects()
     spans = spans_of_every_shape()
-    batch = [compact_spans.compact(span, shared) for span in spans]
-    encoder = otlp.Encoder(shared.__getitem__, shared.__getitem__)
+    batch = [queued_spans.compact(span, shared) for span in spans]
+    encoder = otlp_encoding.Encoder(shared.__getitem__, shared.__getitem__)
     for _ in range(2):  # the second time from its caches
         mine = ExportTraceServiceRequest.FromString(encoder.encode(batch))
-        assert mine == encode_spans([compact_spans.rebuild(values, shared) for values in batch])
+        assert mine == encode_spans([queued_spans.rebuild(values, shared) for values in batch])
     assert len(mine.resource_spans) == 2
     assert [len(r.scope_spans) for r in mine.resource_spans] == [2, 2]
 
 
 def test_a_lone_surrogate_costs_no_other_span():
     """The SDK's encoder fails the whole batch on one (issue 23); this one replaces it."""
-    shared = compact_spans.SharedObjects()
+    shared = queued_spans.SharedObjects()
     keep = Keep()
     provider = TracerProvider()
     provider.add_span_processor(keep)
@@ -87,25 +87,27 @@ def test_a_lone_surrogate_costs_no_other_span():
         span = tracer.start_span(name, attributes={"path": f"/data/{name}.csv"})
         span.set_status(Status(StatusCode.ERROR, f"cannot parse {name}"))
         span.end()
-    batch = [compact_spans.compact(span, shared) for span in keep.spans]
+    batch = [queued_spans.compact(span, shared) for span in keep.spans]
     with pytest.raises(UnicodeEncodeError):
-        encode_spans([compact_spans.rebuild(values, shared) for values in batch])
+        encode_spans([queued_spans.rebuild(values, shared) for values in batch])
     request = ExportTraceServiceRequest.FromString(
-        otlp.Encoder(shared.__getitem__, shared.__getitem__).encode(batch)
+        otlp_encoding.Encoder(shared.__getitem__, shared.__getitem__).encode(batch)
     )
     names = [s.name for s in request.resource_spans[0].scope_spans[0].spans]
     assert names == ["before", "caf?", "after"]
 
 
 def test_only_the_otlp_grpc_exporter_is_taken_over():
-    shared = compact_spans.SharedObjects()
+    shared = queued_spans.SharedObjects()
     grpc = OTLPSpanExporter(endpoint="127.0.0.1:1", insecure=True)
     try:
-        assert otlp.take_over(grpc, shared.__getitem__, shared.__getitem__)
-        batch = [compact_spans.compact(span, shared) for span in spans_of_every_shape()]
+        assert otlp_encoding.take_over(grpc, shared.__getitem__, shared.__getitem__)
+        batch = [queued_spans.compact(span, shared) for span in spans_of_every_shape()]
         assert grpc._translate_data(batch) == encode_spans(
-            [compact_spans.rebuild(values, shared) for values in batch]
+            [queued_spans.rebuild(values, shared) for values in batch]
         )
     finally:
         grpc.shutdown()
-    assert not otlp.take_over(ConsoleSpanExporter(), shared.__getitem__, shared.__getitem__)
+    assert not otlp_encoding.take_over(
+        ConsoleSpanExporter(), shared.__getitem__, shared.__getitem__
+    )

@@ -1,6 +1,6 @@
 """Every attribute value the SDK accepts leaves dask-otel's span pipeline as the SDK's own
 exporter would send it: queued as a tuple, checked (``sanitize``), encoded by
-``dask_otel.distro.otlp``, or written straight as a tuple (``SpanWriter``). Both requests
+``dask_otel.export.otlp_encoding``, or written straight as a tuple (``SpanWriter``). Both requests
 are decoded with opentelemetry-proto and compared field by field."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, Tra
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 
-from dask_otel.distro import compact_spans, otlp, sanitize, written
+from dask_otel.export import otlp_encoding, queued_spans, sanitize, span_writer
 
 
 class Keep(SpanProcessor):
@@ -145,7 +145,7 @@ def sdk_span(tracer: trace.Tracer, spec: SpanSpec, number: int) -> None:
     finish(span, spec)
 
 
-def written_span(writer: written.SpanWriter, spec: SpanSpec, number: int) -> None:
+def written_span(writer: span_writer.SpanWriter, spec: SpanSpec, number: int) -> None:
     span = writer.start(
         SPAN_ID, f"span {number}", PARENT, SpanKind.CLIENT, 10, spec.attributes, links(spec)
     )
@@ -172,10 +172,10 @@ def decoded(request: ExportTraceServiceRequest | bytes) -> bytes:
 def dask_otels(spans: list[ReadableSpan]) -> list[bytes]:
     """The requests dask-otel's gRPC exporter sends for ``spans``: queued, checked, encoded
     (twice: the second time from the encoder's caches)."""
-    shared = compact_spans.SharedObjects()
-    batch = [compact_spans.compact(span, shared) for span in spans]
+    shared = queued_spans.SharedObjects()
+    batch = [queued_spans.compact(span, shared) for span in spans]
     checked = [v for r in sanitize.requests(batch, sanitize.Spans(shared.is_own_scope)) for v in r]
-    encoder = otlp.Encoder(shared.__getitem__, shared.__getitem__)
+    encoder = otlp_encoding.Encoder(shared.__getitem__, shared.__getitem__)
     return [decoded(encoder.encode(checked)) for _ in range(2)]
 
 
@@ -215,8 +215,8 @@ def test_queued_spans_encode_as_the_sdk_encodes_them(specs: list[SpanSpec], limi
     keep, _ = sdk_spans(specs, limits, "user")
     sdk = decoded(encode_spans(keep.spans))
     assert dask_otels(keep.spans) == [sdk, sdk]
-    shared = compact_spans.SharedObjects()
-    rebuilt = [compact_spans.rebuild(compact_spans.compact(s, shared), shared) for s in keep.spans]
+    shared = queued_spans.SharedObjects()
+    rebuilt = [queued_spans.rebuild(queued_spans.compact(s, shared), shared) for s in keep.spans]
     assert decoded(encode_spans(rebuilt)) == sdk
 
 
@@ -224,7 +224,7 @@ def test_queued_spans_encode_as_the_sdk_encodes_them(specs: list[SpanSpec], limi
 def test_written_spans_encode_as_the_sdk_encodes_them(specs: list[SpanSpec], limits: SpanLimits):
     keep, tracer = sdk_spans(specs, limits, "dask_otel")
     sdk, keep.spans = keep.spans, []
-    writer = written.span_writer(tracer)
+    writer = span_writer.span_writer(tracer)
     assert writer is not None
     for number, spec in enumerate(specs):
         written_span(writer, spec, number)

@@ -37,8 +37,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from otlp_receiver import UNANSWERED, closed_port, unanswered
 
-from dask_otel import export_control, runtime
-from dask_otel.distro import drops, processors
+from dask_otel import runtime, runtime_state
+from dask_otel.export import drops, processors
 
 #: No stop waits for what the collector does not answer: well under this (before, a
 #: 60 s flush timeout let a process wait out its exporters' retries, 10 s a batch).
@@ -227,7 +227,7 @@ def fresh_health(monkeypatch):
     """What other tests in this process saw of their collectors, and lost, does not count
     here; what this test loses is not counted for the others (the loss said once names the
     process's totals: test_export_drops checks them)."""
-    monkeypatch.setattr(runtime, "health", export_control.ExportHealth())
+    monkeypatch.setattr(runtime, "health", runtime_state.ExportHealth())
     with drops.counted_apart():
         yield
 
@@ -360,7 +360,7 @@ def test_a_flush_stops_waiting_once_the_collector_refused_an_attempt(fresh_healt
         assert processor.force_flush(30_000) is False
         took = time.monotonic() - started
         assert runtime.health.failing()
-        assert took < export_control.GRACE, took
+        assert took < runtime_state.GRACE, took
     finally:
         processor.shutdown()
 
@@ -450,7 +450,7 @@ def test_a_forked_child_forgets_its_parents_queue_and_exports(fresh_health):
     task_span(tracer, 0)
     assert exporter.entered.wait(30)
     task_span(tracer, 1)  # queued behind the hung export
-    time.sleep(export_control.STALL + 0.1)
+    time.sleep(runtime_state.STALL + 0.1)
     assert runtime.health.patience() == 0  # the parent's export is stuck
     read, write = os.pipe()
     pid = os.fork()
@@ -471,7 +471,7 @@ def test_a_forked_child_forgets_its_parents_queue_and_exports(fresh_health):
     os.waitpid(pid, 0)
     exporter.release.set()
     processor.shutdown()
-    assert [queued, patience, flushed, exported] == [0, export_control.STALL, True, 1]
+    assert [queued, patience, flushed, exported] == [0, runtime_state.STALL, True, 1]
 
 
 def test_queue_memory_setting_reaches_the_configured_processors():
@@ -479,7 +479,8 @@ def test_queue_memory_setting_reaches_the_configured_processors():
         """
         import json
         from opentelemetry import _logs, trace
-        from dask_otel.distro import drops, processors, queues, sdk
+        from dask_otel.export import drops, processors, queues
+        from dask_otel.distro import sdk
         sdk.configure("worker")  # before Dask is imported, as opentelemetry-instrument does
         import dask
         (spans,) = trace.get_tracer_provider()._active_span_processor._span_processors
@@ -504,7 +505,8 @@ def test_a_worker_keeps_no_more_than_its_queue_memory_while_the_collector_is_dow
         import json, operator
         from distributed import Client, LocalCluster
         import dask_otel
-        from dask_otel.distro import drops, processors, queues, sdk
+        from dask_otel.export import drops, processors, queues
+        from dask_otel.distro import sdk
         dask_otel.instrument()
         with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
                           dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:

@@ -414,3 +414,50 @@ print(len({c for c in registered if str(getattr(c, "__module__", "")).startswith
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
     )
     assert out.stdout.split() == ["1"], out.stderr
+
+
+MOVED_NAME = """
+from dask_otel.export import sdk_names
+
+# As on an SDK release that moved one of the private names the export path relies on.
+sdk_names.RELIED_ON += (sdk_names.SdkName("opentelemetry.sdk.trace", "Tracer", "_moved"),)
+
+from opentelemetry import trace
+from opentelemetry.instrumentation.auto_instrumentation import initialize
+
+initialize()  # what opentelemetry-instrument runs first
+from distributed import Client, LocalCluster
+
+from dask_otel.export import processors
+
+processor = trace.get_tracer_provider()._active_span_processor._span_processors[0]
+print("processor:", type(processor).__name__)
+with LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                  dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
+    assert client.gather(client.map(lambda x: x + 1, range(200))) == list(range(1, 201))
+print("own processor:", type(processors.span_processor(None)).__name__)
+"""
+
+
+def test_an_sdk_without_a_name_the_export_path_needs_gets_the_sdks_own(receiver):
+    """Zero-code, with one private SDK name missing: the configurator's processor and the
+    tracers are the SDK's own, every task's span still arrives, and stderr says why once."""
+    env = otel_env(receiver)
+    out = subprocess.run(
+        [sys.executable, "-c", MOVED_NAME],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "processor: BatchSpanProcessor" in out.stdout
+    assert "own processor: BatchSpanProcessor" in out.stdout
+    assert (
+        out.stderr.count("this OpenTelemetry SDK lacks opentelemetry.sdk.trace.Tracer._moved") == 1
+    )
+    tasks = receiver.wait_for(lambda r: [s for s in r.spans() if s["name"] == "task lambda"])
+    assert len(tasks) == 200
+    assert {s["parent_span_id"] for s in tasks} == {
+        s["span_id"] for s in receiver.spans() if s["name"].startswith("graph")
+    }

@@ -37,7 +37,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 from otlp_receiver import OTLPReceiver, _LogsServicer, _MetricsServicer, _TraceServicer
 
-from dask_otel.distro import processors
+from dask_otel.export import processors
 
 SECRET = "SECRET-MSG-4711"
 TOKEN = "s3cr3t"

@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.span import TraceState
 
-from dask_otel.distro import processors
+from dask_otel.export import processors
 
 
 class Keeping(SpanExporter):

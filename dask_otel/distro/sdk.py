@@ -16,13 +16,13 @@ forked ones included, its own ``service.instance.id``. Providers someone else co
 are never touched.
 
 The parts it puts together are modules of their own: the export queues
-(:mod:`dask_otel.distro.queues`) fed by dask-otel's processors
-(:mod:`dask_otel.distro.processors`), spans queued as tuples
-(:mod:`dask_otel.distro.compact_spans`) or written straight as tuples
-(:mod:`dask_otel.distro.written`), what is lost (:mod:`dask_otel.distro.drops`), and the
-flight recorder's copy of the queues (:mod:`dask_otel.distro.mirror`), and metric readers
+(:mod:`dask_otel.export.queues`) fed by dask-otel's processors
+(:mod:`dask_otel.export.processors`), spans queued as tuples
+(:mod:`dask_otel.export.queued_spans`) or written straight as tuples
+(:mod:`dask_otel.export.span_writer`), what is lost (:mod:`dask_otel.export.drops`), and the
+flight recorder's copy of the queues (:mod:`dask_otel.export.recorder_copy`), and metric readers
 that tick only while metrics are wanted, their exports watched as the queues' are
-(:mod:`dask_otel.distro.readers`).
+(:mod:`dask_otel.export.metric_readers`).
 """
 
 from __future__ import annotations
@@ -43,17 +43,17 @@ from opentelemetry.sdk._configuration import _OTelSDKConfigurator
 from opentelemetry.sdk.resources import Resource
 
 from dask_otel import runtime
-from dask_otel.distro.drops import NOUNS, register_dropped_counter, warned
-from dask_otel.distro.processors import counting_processors
-from dask_otel.distro.processors import span_processor as span_processor  # as README says
-from dask_otel.distro.queues import export_queues, unexported
-from dask_otel.distro.readers import (
+from dask_otel.environment import FILE_EXPORT_DIR
+from dask_otel.export.drops import NOUNS, register_dropped_counter, warned
+from dask_otel.export.metric_readers import (
     metric_exporters,
     note_foreign_meters,
     readers_on_demand,
     watch_metric_exporters,
 )
-from dask_otel.environment import FILE_EXPORT_DIR
+from dask_otel.export.processors import counting_processors
+from dask_otel.export.processors import span_processor as span_processor  # as README says
+from dask_otel.export.queues import export_queues, unexported
 from dask_otel.runtime import say_once
 
 logger = logging.getLogger(__name__)

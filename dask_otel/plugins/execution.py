@@ -135,9 +135,9 @@ class ExecuteTracer(InstancePatch):
         #: Where the attempts in progress are noted for this worker's Nanny, if any.
         self.recorder = flight.open_for(worker, settings.flight_recorder_size)
         if self.recorder is not None:
-            from dask_otel.distro import mirror  # imports the SDK: not at import time
+            from dask_otel.export import recorder_copy  # imports the SDK: not at import time
 
-            mirror.mirror(self.recorder)  # this process's export queues, copied to it
+            recorder_copy.mirror(self.recorder)  # this process's export queues, copied to it
 
     async def execute(self, key: Any, *, stimulus_id: str) -> Any:
         ts = self.worker.state.tasks.get(key)

@@ -367,10 +367,10 @@ class WorkerWatch:
             claimed.unlink()
         if wreck is None:
             return None
-        from dask_otel.distro import mirror
+        from dask_otel.export import recorder_copy
 
         try:
-            mirror.recover(
+            recorder_copy.recover(
                 self.providers, wreck.objects, wreck.unexported_spans, wreck.unexported_logs
             )
         except Exception as e:  # what looked like a recorder holds garbage

@@ -57,11 +57,11 @@ def ended_spans(tracer: trace.Tracer, settings: Settings) -> EndedSpans:
     this process's emitter thread (a request does not say which client, scheduler or
     worker of the process sent it), written straight as queued tuples for SDK tracers."""
     try:
-        from dask_otel.distro import written  # imports the SDK: not at import time
+        from dask_otel.export import span_writer  # imports the SDK: not at import time
     except ImportError:  # no SDK installed: spans go through the API
         writer = None
     else:
-        writer = written.span_writer(tracer)
+        writer = span_writer.span_writer(tracer)
     return EndedSpans(tracer, emitter.shared(), settings.max_attribute_length, writer)
 
 

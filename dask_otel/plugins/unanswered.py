@@ -99,7 +99,7 @@ async def graph_spans_problem(dask_scheduler: Any) -> str | None:
 
 def _destination() -> str:
     """Where this process exports its spans, as its exporter names it."""
-    from dask_otel.distro.queues import export_queues
+    from dask_otel.export.queues import export_queues
 
     for queue in list(export_queues):
         endpoint = getattr(queue.exporter.exporter, "_endpoint", None)

@@ -151,9 +151,9 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
         closing = self._execute.spans.emitter
         attributes = self._execute.static_attributes
         if self._execute.recorder is not None:
-            from dask_otel.distro import mirror
+            from dask_otel.export import recorder_copy
 
-            mirror.mirror(None)
+            recorder_copy.mirror(None)
             self._execute.recorder.close()  # closed normally: its recorder is deleted
         self._execute = None
         self._identity.cancel()

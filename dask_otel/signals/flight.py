@@ -41,7 +41,8 @@ from dask_otel.values import base_value
 
 logger = logging.getLogger(__name__)
 
-#: The file format, which includes the layout of the records it copies (compact_spans).
+#: The file format, which includes the layout of the records it copies
+#: (:mod:`dask_otel.export.queued_spans`).
 MAGIC = b"DOTELFR2"
 #: Header: magic, pid, slots, slot size, meta size, then one block per ring.
 _HEADER = struct.Struct("<8sIIII")
@@ -167,11 +168,12 @@ class FlightRecorder:
 
     def span(self, values: tuple, resource: Any, scope: Any) -> int | None:
         """Copy a span as queued for export
-        (:func:`dask_otel.distro.compact_spans.compact`); its number."""
+        (:func:`dask_otel.export.queued_spans.compact`); its number."""
         return self._copy(self.spans, resource, scope, values)
 
     def log(self, values: tuple, resource: Any, scope: Any) -> int | None:
-        """Copy a log record as queued for export (:func:`dask_otel.distro.mirror.compact_log`)."""
+        """Copy a log record as queued for export
+        (:func:`dask_otel.export.recorder_copy.compact_log`)."""
         return self._copy(self.logs, resource, scope, values)
 
     def _copy(self, ring: Ring, resource: Any, scope: Any, values: tuple) -> int | None:
@@ -317,7 +319,7 @@ def _parse(data: bytes) -> Wreck | None:
 
 def open_for(worker: Any, size: int) -> FlightRecorder | None:
     """A flight recorder for ``worker`` if its Nanny runs dask-otel (it made the directory),
-    for the worker to copy its export queues to (``dask_otel.distro.mirror.mirror``); None
+    for the worker to copy its export queues to (``dask_otel.export.recorder_copy.mirror``); None
     otherwise."""
     nanny = getattr(worker, "nanny", None)
     if not size or not isinstance(nanny, str):

@@ -10,7 +10,7 @@ calls, and :meth:`DeferredSpan.replay` applies them to the real span, made with 
 id in a background thread once the task is over. :class:`EndedSpans` builds them, and
 the spans of other work over by then (transfers, spills, requests), from times and
 attributes: written straight as the tuple dask-otel's span processor queues for the
-SDK's tracers (:func:`dask_otel.distro.written.span_writer`, which the plugins hand over),
+SDK's tracers (:func:`dask_otel.export.span_writer.span_writer`, which the plugins hand over),
 through ``start_span`` with :class:`dask_otel.spans.ids.SpanIdSetter` for any other.
 """
 
@@ -165,7 +165,7 @@ class EndedSpans:
     ) -> None:
         self._ids = ids.SpanIdSetter(tracer)
         #: Writes the spans of the OpenTelemetry SDK's tracers as the tuples its span
-        #: processor queues, skipping ``start_span`` (``dask_otel.distro.written.span_writer``
+        #: processor queues, skipping ``start_span`` (``dask_otel.export.span_writer.span_writer``
         #: of ``tracer``); None: through ``start_span``, as for any other tracer.
         self._writer = writer
         #: The thread that builds them; the owner may submit other work to it.

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from distributed import Client
 
 from dask_otel import runtime
-from dask_otel.distro.drops import NOUNS
+from dask_otel.export.drops import NOUNS
 
 #: Longest wait for the processes' telemetry before the demo calls it lost, and the
 #: ``otel.flush-timeout`` of its cluster's processes (unless set): what the demo makes is
@@ -27,7 +27,7 @@ Report = tuple[bool, dict[tuple[str, str], int], dict[str, int]]
 
 def flush_and_count() -> Report:
     """In one process: export what it holds (bounded), then say how that went."""
-    from dask_otel.distro import queues
+    from dask_otel.export import queues
 
     finished = runtime.flush(runtime.current(), FLUSH_TIMEOUT)
     held, dropped = queues.unexported()

@@ -224,7 +224,7 @@ class MetricDemand:
     close), or a client it traces is open (from its first submission), and for good once
     anything but dask-otel asked for a meter.
 
-    The metric readers dask-otel configures (:mod:`dask_otel.distro.readers`) run their
+    The metric readers dask-otel configures (:mod:`dask_otel.export.metric_readers`) run their
     thread only then, so that a process that never uses Dask runs no thread of
     dask-otel's, and a closed cluster leaves none behind (distributed's tests check both,
     waiting at most 5 s for a thread started during a test to end). The export queues ask

@@ -187,7 +187,7 @@ class Cleaner:
 
 class Spans:
     """Spans as dask-otel's processor queues them
-    (:func:`dask_otel.distro.compact_spans.compact`)."""
+    (:func:`dask_otel.export.queued_spans.compact`)."""
 
     NAME, SCOPE, ATTRIBUTES, EVENTS, LINKS, CODE, DESCRIPTION = 0, 8, 10, 11, 12, 13, 14
 

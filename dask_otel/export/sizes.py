@@ -1,12 +1,12 @@
 """Estimated bytes of a queued span or log record, which bound the export queues
-(:mod:`dask_otel.distro.queues`): counting them exactly would cost more than the rest of
+(:mod:`dask_otel.export.queues`): counting them exactly would cost more than the rest of
 queueing."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from dask_otel.distro.compact_spans import CompactSpan
+from dask_otel.export.queued_spans import CompactSpan
 
 #: Estimated bytes of one queued span or log record: a fixed part, a part per attribute,
 #: event and link, plus the characters of its strings (measured with tracemalloc on the

@@ -28,8 +28,8 @@ from typing import Any
 from opentelemetry.sdk.metrics.export import MetricExportResult, PeriodicExportingMetricReader
 
 from dask_otel import runtime
-from dask_otel.distro.abandon import abandonable
-from dask_otel.distro.connections import close_inherited
+from dask_otel.export.abandon import abandonable
+from dask_otel.export.connections import close_inherited
 from dask_otel.runtime import report_once, start_daemon
 
 logger = logging.getLogger(__name__)

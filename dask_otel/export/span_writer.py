@@ -20,7 +20,8 @@ from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import Tracer
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 
-from dask_otel.distro.compact_spans import (
+from dask_otel.export.processors import CompactSpanProcessor
+from dask_otel.export.queued_spans import (
     UNSET,
     CompactSpan,
     SharedObjects,
@@ -29,7 +30,7 @@ from dask_otel.distro.compact_spans import (
     rebuild,
     span_values,
 )
-from dask_otel.distro.processors import CompactSpanProcessor
+from dask_otel.export.sdk_names import fast_path
 from dask_otel.spans import errors
 
 #: Attribute values the SDK's cleaning keeps as they are (no length limit set).
@@ -276,7 +277,8 @@ class SpanWriter:
 
 def span_writer(tracer: Any) -> SpanWriter | None:
     """A :class:`SpanWriter` for an enabled SDK tracer; None for any other tracer (spans
-    then go through ``start_span``: the API's path, slower)."""
-    if type(tracer) is not Tracer or not tracer._is_enabled():
+    then go through ``start_span``: the API's path, slower), and for every tracer where the
+    SDK lacks what the writer relies on."""
+    if type(tracer) is not Tracer or not fast_path() or not tracer._is_enabled():
         return None
     return SpanWriter(tracer)

@@ -1,7 +1,7 @@
 """The span and log record processors dask-otel configures the SDK with: each feeds an
-export queue (:mod:`dask_otel.distro.queues`), copied to a worker's flight recorder
-while one is attached (:mod:`dask_otel.distro.mirror`), through an exporter that counts
-what it loses (:mod:`dask_otel.distro.drops`).
+export queue (:mod:`dask_otel.export.queues`), copied to a worker's flight recorder
+while one is attached (:mod:`dask_otel.export.recorder_copy`), through an exporter that counts
+what it loses (:mod:`dask_otel.export.drops`).
 """
 
 from __future__ import annotations
@@ -20,16 +20,17 @@ from opentelemetry.sdk._logs import LogRecordProcessor, ReadableLogRecord, ReadW
 from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from dask_otel import runtime
-from dask_otel.distro import otlp, sanitize
-from dask_otel.distro.abandon import abandonable, abandoned
-from dask_otel.distro.compact_spans import CompactSpan, SharedObjects, compact, rebuild
-from dask_otel.distro.drops import NOUNS
-from dask_otel.distro.mirror import Mirror, compact_log, configured_processors
-from dask_otel.distro.queues import ExportQueue, QueueLimits, queue_limits
-from dask_otel.distro.sizes import log_size, span_size
+from dask_otel.export import otlp_encoding, sanitize
+from dask_otel.export.abandon import abandonable, abandoned
+from dask_otel.export.drops import NOUNS
+from dask_otel.export.queued_spans import CompactSpan, SharedObjects, compact, rebuild
+from dask_otel.export.queues import ExportQueue, QueueLimits, queue_limits
+from dask_otel.export.recorder_copy import Mirror, compact_log, configured_processors
+from dask_otel.export.sdk_names import fast_path
+from dask_otel.export.sizes import log_size, span_size
 from dask_otel.runtime import report_once
 
 logger = logging.getLogger(__name__)
@@ -120,7 +121,9 @@ class _CountingSpanExporter(CountingExporter):
     def __init__(self, exporter: SpanExporter, shared: SharedObjects, mirror: Mirror) -> None:
         super().__init__(exporter, mirror)
         self.shared = shared
-        self.encodes_tuples = otlp.take_over(exporter, shared.__getitem__, shared.__getitem__)
+        self.encodes_tuples = otlp_encoding.take_over(
+            exporter, shared.__getitem__, shared.__getitem__
+        )
         self.items = sanitize.Spans(shared.is_own_scope)
 
     def readable(self, batch: Sequence[Any]) -> Sequence[Any]:
@@ -162,7 +165,7 @@ class Queued:
 class CompactSpanProcessor(Queued, SpanProcessor):
     """Queues each ended, sampled span as one tuple of plain values (see :func:`compact`).
     The exporter gets the tuples if it is the OTLP/gRPC exporter (which then encodes them
-    with :mod:`dask_otel.distro.otlp`, ~5x cheaper than the SDK's encoder), ReadableSpans
+    with :mod:`dask_otel.export.otlp_encoding`, ~5x cheaper than the SDK's encoder), ReadableSpans
     rebuilt from them otherwise."""
 
     def __init__(self, exporter: SpanExporter, limits: QueueLimits) -> None:
@@ -192,8 +195,11 @@ def span_processor(
 
     ``options`` are ``BatchSpanProcessor``'s (``max_queue_size``,
     ``max_export_batch_size``, ``schedule_delay_millis``); unset, the ``OTEL_BSP_*``
-    variables apply.
+    variables apply. Where the SDK lacks what this processor relies on
+    (:mod:`dask_otel.export.sdk_names`), it is the SDK's ``BatchSpanProcessor``.
     """
+    if not fast_path():
+        return BatchSpanProcessor(exporter, **options)
     return CompactSpanProcessor(exporter, queue_limits("traces", max_queue_memory, **options))
 
 
@@ -233,7 +239,10 @@ def _configured(factory: Any) -> Any:
 
 
 def counting_processors() -> dict[str, Any]:
-    """Configurator arguments that make its batch processors count what they lose."""
+    """Configurator arguments that make its batch processors count what they lose (none
+    where the SDK lacks what they rely on: the configurator's own then)."""
+    if not fast_path():
+        return {}
     accepted = inspect.signature(_initialize_components).parameters
     factories = {
         "export_span_processor": _configured(span_processor),

@@ -33,8 +33,8 @@ from opentelemetry.context import (
 )
 
 from dask_otel import runtime
-from dask_otel.distro.connections import close_inherited
-from dask_otel.distro.drops import NOUNS, count_dropped, dropped, warn_dropped
+from dask_otel.export.connections import close_inherited
+from dask_otel.export.drops import NOUNS, count_dropped, dropped, warn_dropped
 from dask_otel.runtime import report_once, start_daemon
 
 logger = logging.getLogger(__name__)

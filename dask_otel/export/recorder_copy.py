@@ -19,7 +19,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.trace import SpanContext, TraceFlags
 
 from dask_otel import runtime
-from dask_otel.distro.compact_spans import plain_attributes, rebuild
+from dask_otel.export.queued_spans import plain_attributes, rebuild
 from dask_otel.runtime import report_once
 
 logger = logging.getLogger(__name__)

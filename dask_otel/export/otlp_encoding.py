@@ -4,7 +4,7 @@ The OTLP exporters encode each span by building protobuf message objects attribu
 attribute (``opentelemetry.exporter.otlp.proto.common``): more Python per span, on the
 GIL of the process whose spans they are, than building the span. dask-otel's
 span processor queues spans as tuples of plain values
-(:func:`dask_otel.distro.compact_spans.compact`); this module writes the protobuf wire
+(:func:`dask_otel.export.queued_spans.compact`); this module writes the protobuf wire
 format of an ``ExportTraceServiceRequest`` from those tuples directly, caching what
 repeats from span to span (attribute keys, the attributes every span of a worker
 carries, resources and scopes). The bytes are the same message the SDK's encoder
@@ -17,7 +17,7 @@ import struct
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-#: A queued span (see :func:`dask_otel.distro.compact_spans.compact`).
+#: A queued span (see :func:`dask_otel.export.queued_spans.compact`).
 CompactSpan = tuple
 
 _pack_fixed64 = struct.Struct("<Q").pack
