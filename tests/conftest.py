@@ -28,7 +28,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from otlp_receiver import OTLPReceiver, exporting_env
 
 import dask_otel
-from dask_otel.spans import errors
+from dask_otel import strings
 
 HERE = Path(__file__).parent
 
@@ -57,10 +57,10 @@ class Telemetry:
 def redaction_restored() -> Iterator[None]:
     """``otel.redact.*`` is process state, set as components activate (and read by the
     exporters dask-otel configures): a test that turns it on leaves it as it found it."""
-    saved = dataclasses.replace(errors.redaction)
+    saved = dataclasses.replace(strings.redaction)
     yield
-    errors.redaction.exception_messages = saved.exception_messages
-    errors.redaction.log_bodies = saved.log_bodies
+    strings.redaction.exception_messages = saved.exception_messages
+    strings.redaction.log_bodies = saved.log_bodies
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanContext, StatusCode, TraceFlags
 
 import dask_otel
-from dask_otel import runtime
+from dask_otel import runtime, strings
 from dask_otel.plugins import client as otel_client
 from dask_otel.spans import errors, ids
 
@@ -50,14 +50,14 @@ contexts = st.builds(
 
 @given(keys)
 def test_key_to_str_is_a_stable_string(key):
-    text = ids.key_to_str(key)
+    text = strings.key_to_str(key)
     assert isinstance(text, str)
-    assert ids.key_to_str(pickle.loads(pickle.dumps(key))) == text  # the same on every host
+    assert strings.key_to_str(pickle.loads(pickle.dumps(key))) == text  # the same on every host
 
 
 @given(st.text(), st.integers(-5, 300))
 def test_cap_bounds_the_length_and_keeps_a_prefix(text, limit):
-    capped = ids.cap(text, limit)
+    capped = strings.cap(text, limit)
     assert len(capped) <= max(limit, 0)
     if len(text) <= limit:
         assert capped == text
@@ -134,7 +134,7 @@ exceptions = st.one_of(
 
 @given(exceptions)
 def test_safe_str_never_raises(exc):
-    assert isinstance(errors.safe_str(exc), str)
+    assert isinstance(strings.safe_str(exc), str)
 
 
 @given(
@@ -151,7 +151,7 @@ def test_describe_never_raises_and_returns_text(exception, text):
 @settings(max_examples=50)
 def test_describe_names_the_exceptions_own_type(exc):
     exc_type, _ = errors.describe(exc, None)
-    assert exc_type == errors.type_name(exc)
+    assert exc_type == strings.type_name(exc)
     assert errors.describe(pickle.dumps(exc), None)[0] == exc_type
 
 
@@ -187,7 +187,7 @@ def test_tuple_int_float_and_very_long_keys(telemetry):
     spans = telemetry.spans()
     keys_seen = {s.attributes.get("dask.task.key") for s in telemetry.spans("task ")}
     assert len(keys_seen) == len(submitted)
-    assert ids.key_to_str(("t", 0)) in keys_seen and "5" in keys_seen and "2.5" in keys_seen
+    assert strings.key_to_str(("t", 0)) in keys_seen and "5" in keys_seen and "2.5" in keys_seen
     for span in spans:
         for name, value in span.attributes.items():
             if isinstance(value, str):

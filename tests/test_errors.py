@@ -12,7 +12,8 @@ from distributed.protocol.serialize import Serialized, serialize
 from distributed.scheduler import KilledWorker
 
 from dask_otel.spans import errors
-from dask_otel.spans.errors import describe, safe_str, type_name
+from dask_otel.spans.errors import describe
+from dask_otel.strings import safe_str, type_name
 
 
 class StrRaises(Exception):

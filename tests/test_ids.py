@@ -9,6 +9,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanContext, TraceFlags
 
+from dask_otel import strings
 from dask_otel.spans import ids
 
 TRACE_A = 0x0AF7651916CD43DD8448EB211C80319C
@@ -28,31 +29,31 @@ CARRIER_B = carrier_of(TRACE_B)
 
 
 def test_key_to_str_leaves_str_keys_alone():
-    assert ids.key_to_str("inc-1234") == "inc-1234"
-    assert ids.key_to_str("") == ""
+    assert strings.key_to_str("inc-1234") == "inc-1234"
+    assert strings.key_to_str("") == ""
 
 
 def test_key_to_str_tuple_keys():
     key = ("sum-aggregate-8f3e", 0, 1)
-    text = ids.key_to_str(key)
+    text = strings.key_to_str(key)
     assert isinstance(text, str)
     assert text == "('sum-aggregate-8f3e', 0, 1)"
     # Identical across calls and for equal tuples built separately.
-    assert ids.key_to_str(key) == text
-    assert ids.key_to_str(("sum-aggregate-8f3e", 0, 1)) == text
-    assert ids.key_to_str(("x", 1)) != ids.key_to_str(("x", 2))
-    assert ids.key_to_str(("x", 1)) != ids.key_to_str("x")
+    assert strings.key_to_str(key) == text
+    assert strings.key_to_str(("sum-aggregate-8f3e", 0, 1)) == text
+    assert strings.key_to_str(("x", 1)) != strings.key_to_str(("x", 2))
+    assert strings.key_to_str(("x", 1)) != strings.key_to_str("x")
 
 
 def test_cap():
-    assert ids.cap("abc", 3) == "abc"
-    assert ids.cap("", 5) == ""
-    capped = ids.cap("abcdef", 4)
+    assert strings.cap("abc", 3) == "abc"
+    assert strings.cap("", 5) == ""
+    capped = strings.cap("abcdef", 4)
     assert capped == "abc\u2026"
     assert len(capped) == 4
     long = "k" * 1000
-    assert len(ids.cap(long, 256)) == 256
-    assert ids.cap(long, 256).endswith("\u2026")
+    assert len(strings.cap(long, 256)) == 256
+    assert strings.cap(long, 256).endswith("\u2026")
 
 
 # -- task_span_id ---------------------------------------------------------------------------
@@ -72,7 +73,7 @@ def test_task_span_id_differs_by_key_and_by_trace():
     a1 = ids.task_span_id(CARRIER_A, "inc-1")
     assert a1 != ids.task_span_id(CARRIER_A, "inc-2")
     assert a1 != ids.task_span_id(CARRIER_B, "inc-1")
-    tuple_key = ids.key_to_str(("x", 1))
+    tuple_key = strings.key_to_str(("x", 1))
     assert ids.task_span_id(CARRIER_A, tuple_key) != ids.task_span_id(CARRIER_A, "x")
 
 

@@ -20,6 +20,7 @@ from span_checks import (
     task_spans_by_key,
 )
 
+from dask_otel import strings
 from dask_otel.spans import ids
 
 # -- the shape of a trace ---------------------------------------------------------------
@@ -115,7 +116,7 @@ def test_tuple_keys_of_a_dask_array(telemetry):
     spans = telemetry.spans()
     assert len(by_trace(spans)) == 1
     tasks = task_spans_by_key(spans)
-    assert ids.key_to_str(final_key) in tasks
+    assert strings.key_to_str(final_key) in tasks
     tuple_keys = [k for k in tasks if k.startswith("(")]
     assert len(tuple_keys) >= 4  # one per chunk at least
     for key in tuple_keys:

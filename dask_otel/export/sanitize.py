@@ -32,7 +32,7 @@ from typing import Any
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk._logs import ReadableLogRecord
 
-from dask_otel.spans import errors, ids
+from dask_otel import strings
 from dask_otel.values import SUBCLASSED, base_value
 
 #: Estimated bytes of one request, below the 4 MiB a collector accepts over gRPC.
@@ -129,8 +129,8 @@ def _has_exception_text(attributes: Mapping[str, Any] | None) -> bool:
     """Whether an exception event's or a record's message or stack is unredacted."""
     if not attributes:
         return False
-    redacted = errors.REDACTED
-    return any(attributes.get(name, redacted) != redacted for name in errors.EXCEPTION_TEXT)
+    redacted = strings.REDACTED
+    return any(attributes.get(name, redacted) != redacted for name in strings.EXCEPTION_TEXT)
 
 
 # -- copying clean -----------------------------------------------------------------------
@@ -147,9 +147,9 @@ class Cleaner:
 
     def text(self, text: Any) -> str:
         if text.__class__ is not str:
-            text = str.__str__(text) if isinstance(text, str) else errors.safe_repr(text)
-        text = ids.clean(text)
-        return text if self.limit is None else ids.cap(text, self.limit)
+            text = str.__str__(text) if isinstance(text, str) else strings.safe_repr(text)
+        text = strings.clean(text)
+        return text if self.limit is None else strings.cap(text, self.limit)
 
     def value(self, value: Any, depth: int = 0) -> Any:
         cls = value.__class__
@@ -179,7 +179,7 @@ class Cleaner:
     def exception(self, attributes: Mapping[str, Any] | None) -> dict | None:
         """Attributes of an exception event or log record, redacted if so configured."""
         cleaned = self.attributes(attributes)
-        return errors.redact_exception_text(cleaned) if self.redact else cleaned
+        return strings.redact_exception_text(cleaned) if self.redact else cleaned
 
 
 # -- the two kinds of item ----------------------------------------------------------------
@@ -209,7 +209,7 @@ class Spans:
             if size < 0:
                 return DIRTY
             error = redacting and values[self.CODE] == _ERROR
-            if error and errors.redact_description(description) != description:
+            if error and strings.redact_description(description) != description:
                 return DIRTY
             total += size
         for name, _, attributes, _ in values[self.EVENTS]:
@@ -248,7 +248,7 @@ class Spans:
         description = values[self.DESCRIPTION]
         if description is not None:
             if redacting and values[self.CODE] == _ERROR:
-                description = errors.redact_description(description)
+                description = strings.redact_description(description)
             span[self.DESCRIPTION] = cleaner.text(description)
         return tuple(span)
 
@@ -301,7 +301,7 @@ class LogRecords:
 def requests(batch: Sequence[Any], kind: Spans | LogRecords) -> Iterator[Sequence[Any]]:
     """``batch`` as requests that can be encoded and that a collector accepts: items
     copied clean where they must be, split where their strings add up to too much."""
-    redact = errors.redaction.exception_messages
+    redact = strings.redaction.exception_messages
     size = kind.size
     items: Sequence[Any] | list[Any] = batch
     total = 0

@@ -20,14 +20,14 @@ logger = logging.getLogger(__name__)
 
 class SdkName(NamedTuple):
     """One name the export path uses: ``module.owner.attribute``, where ``owner`` is a
-    class (found on the class, or with ``on_instance`` on an instance made without
-    arguments by ``make``) or empty (a module attribute)."""
+    class or empty (a module attribute)."""
 
     module: str
     owner: str
     attribute: str
-    #: Builds an instance to look on (the attribute is set in ``__init__``).
-    make: str = ""
+    #: An attribute of the class's instances, set in its ``__init__`` (looked for among
+    #: the names that code sets: no instance is made, no variable read).
+    on_instance: bool = False
 
     def __str__(self) -> str:
         return ".".join(part for part in (self.module, self.owner, self.attribute) if part)
@@ -37,10 +37,13 @@ class SdkName(NamedTuple):
 RELIED_ON: tuple[SdkName, ...] = (
     # The span writer: a tracer's limits, scope and switch; the provider's processors.
     SdkName("opentelemetry.sdk.trace", "Tracer", "_is_enabled"),
-    SdkName("opentelemetry.sdk.trace", "Tracer", "_span_limits", make="tracer"),
-    SdkName("opentelemetry.sdk.trace", "Tracer", "_instrumentation_scope", make="tracer"),
+    SdkName("opentelemetry.sdk.trace", "Tracer", "_span_limits", on_instance=True),
+    SdkName("opentelemetry.sdk.trace", "Tracer", "_instrumentation_scope", on_instance=True),
     SdkName(
-        "opentelemetry.sdk.trace", "SynchronousMultiSpanProcessor", "_span_processors", "multi"
+        "opentelemetry.sdk.trace",
+        "SynchronousMultiSpanProcessor",
+        "_span_processors",
+        on_instance=True,
     ),
     # The configurator's hook for the batch processors it makes.
     SdkName("opentelemetry.sdk._configuration", "", "_initialize_components"),
@@ -53,15 +56,6 @@ RELIED_ON: tuple[SdkName, ...] = (
 )
 
 
-def _instance(kind: str) -> Any:
-    """A throwaway object of ``kind``: no thread, no processor, no connection."""
-    from opentelemetry.sdk.trace import SynchronousMultiSpanProcessor, TracerProvider
-
-    if kind == "tracer":
-        return TracerProvider().get_tracer("dask_otel.export.sdk_names")
-    return SynchronousMultiSpanProcessor()
-
-
 def _present(name: SdkName) -> bool:
     try:
         owner: Any = importlib.import_module(name.module)
@@ -72,8 +66,9 @@ def _present(name: SdkName) -> bool:
         owner = getattr(owner, name.owner, None)
         if owner is None:
             return False
-        if name.make:
-            owner = _instance(name.make)
+        if name.on_instance:
+            init = getattr(owner.__init__, "__code__", None)
+            return init is not None and name.attribute in init.co_names
     return hasattr(owner, name.attribute)
 
 

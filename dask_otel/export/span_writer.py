@@ -20,6 +20,7 @@ from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import Tracer
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 
+from dask_otel import strings
 from dask_otel.export.processors import CompactSpanProcessor
 from dask_otel.export.queued_spans import (
     UNSET,
@@ -31,7 +32,6 @@ from dask_otel.export.queued_spans import (
     span_values,
 )
 from dask_otel.export.sdk_names import fast_path
-from dask_otel.spans import errors
 
 #: Attribute values the SDK's cleaning keeps as they are (no length limit set).
 _SCALARS = frozenset((str, bool, int, float))
@@ -202,7 +202,7 @@ class WrittenSpan(trace.Span):
         escaped: bool = False,
     ) -> None:
         self.add_event(
-            "exception", errors.exception_attributes(exception, attributes, escaped), timestamp
+            "exception", strings.exception_attributes(exception, attributes, escaped), timestamp
         )
 
     def end(self, end_time: int | None = None) -> None:

@@ -15,7 +15,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from dask_otel import runtime
+from dask_otel import runtime, strings
 from dask_otel.plugins import own_runs
 from dask_otel.runtime import say_once
 
@@ -100,9 +100,8 @@ def _set_up(role: str, settings: Settings) -> bool:
 def bridge_logs(settings: Settings) -> None:
     """Export this process's log records (``otel.logs``) from now on, redacted as set."""
     from dask_otel.signals import logs
-    from dask_otel.spans import errors
 
-    errors.set_redaction(settings)
+    strings.set_redaction(settings)
     if settings.logs_enabled:
         logs.install(
             runtime.current().logger_provider,

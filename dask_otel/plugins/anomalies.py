@@ -8,6 +8,7 @@ from __future__ import annotations
 from time import time_ns
 from typing import TYPE_CHECKING, Any
 
+from dask_otel import strings
 from dask_otel.plugins.scheduler_spans import Graph, TaskRecord, TaskSpans, failure
 from dask_otel.spans import ids
 
@@ -162,7 +163,7 @@ class Anomalies:
             return
         if not expected:
             self._died_on.setdefault(ts.key, []).append(worker)  # type: ignore[arg-type]
-        key = ids.key_to_str(ts.key)
+        key = strings.key_to_str(ts.key)
         attributes = {
             **self._spans.attributes(ts),
             "dask.worker.address": worker or "",

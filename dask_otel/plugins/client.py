@@ -23,7 +23,7 @@ from opentelemetry import context, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from wrapt import wrap_function_wrapper
 
-from dask_otel import runtime
+from dask_otel import runtime, strings
 from dask_otel.config import Settings
 from dask_otel.plugins import collection_names, unanswered
 from dask_otel.plugins.activation import activate
@@ -178,7 +178,7 @@ def _warn_about_annotation() -> None:
         "the one set here (%s) is replaced, and tasks of collections built while it was "
         "set may be left untraced",
         ids.ANNOTATION,
-        ids.cap(repr(value), 64),
+        strings.cap(repr(value), 64),
     )
 
 

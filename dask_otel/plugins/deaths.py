@@ -20,6 +20,7 @@ from opentelemetry import trace
 from opentelemetry._logs import LogRecord, SeverityNumber
 from opentelemetry.trace import Status, StatusCode
 
+from dask_otel import strings
 from dask_otel.signals import flight
 from dask_otel.spans import ids
 
@@ -120,11 +121,11 @@ class DeathRecord:
         if self.wreck is not None:
             attributes.update(self._recorded(self.wreck))
         died = dict(attributes)
-        unreported = [ids.cap(a.key, self.limit) for a in recorded if a.finished]
+        unreported = [strings.cap(a.key, self.limit) for a in recorded if a.finished]
         if unreported:  # finished, but their spans were never built: lost
             died["dask.task.unreported"] = unreported
         if attempts:
-            died["dask.task.keys"] = [ids.cap(a.key, self.limit) for a in attempts]
+            died["dask.task.keys"] = [strings.cap(a.key, self.limit) for a in attempts]
             placed = (p for p in map(_placed, attempts) if p is not None)
             traces = {f"{parent.trace_id:032x}" for parent, _ in placed}
             if traces:
@@ -153,8 +154,8 @@ class DeathRecord:
         """The attempt's ``died <prefix>`` span and ``dask.task.lost`` record."""
         placed = _placed(attempt)
         task = {
-            "dask.task.key": ids.cap(attempt.key, self.limit),
-            "dask.task.prefix": ids.cap(attempt.prefix, self.limit),
+            "dask.task.key": strings.cap(attempt.key, self.limit),
+            "dask.task.prefix": strings.cap(attempt.prefix, self.limit),
             "dask.task.run_id": attempt.run_id,
         }
         why = self._why()
@@ -281,7 +282,7 @@ class DeathRecord:
                 f"{(last[0] - first[0]) / 1e9:.1f} s"
             )
         if attempts:
-            keys = ", ".join(ids.cap(a.key, self.limit) for a in attempts)
+            keys = ", ".join(strings.cap(a.key, self.limit) for a in attempts)
             text += f"; executing {keys}"
         return text
 
@@ -312,7 +313,7 @@ def _line(entry: tuple, limit: int) -> str:
     timestamp, _, _, _, _, severity, _, body, _, _ = values
     seconds = (timestamp or 0) / 1e9
     when = datetime.fromtimestamp(seconds, timezone.utc).strftime("%H:%M:%S.%f")[:-3]
-    return ids.cap(f"{when} {severity or ''} {body}", limit)
+    return strings.cap(f"{when} {severity or ''} {body}", limit)
 
 
 # -- the kernel's OOM killer ----------------------------------------------------------------

@@ -18,6 +18,7 @@ from distributed.worker_state_machine import (
 from opentelemetry import context, trace
 from opentelemetry.trace import SpanKind
 
+from dask_otel import strings
 from dask_otel.plugins.worker_patch import InstancePatch
 from dask_otel.signals import flight
 from dask_otel.spans import errors, ids
@@ -157,7 +158,7 @@ class ExecuteTracer(InstancePatch):
         attempt = _Attempt(key, ts.prefix, annotation, span, carriers.taken_up(ts, time_ns()))
         recorder = self.recorder
         if recorder is not None:  # for the Nanny, should this process die during the attempt
-            text = ids.cap(ids.key_to_str(key), self.settings.max_attribute_length)
+            text = strings.cap(strings.key_to_str(key), self.settings.max_attribute_length)
             slot = recorder.started(text, ts.prefix, annotation, ts.run_id, attempt.start_ns)
         try:
             result = await self.original(key, stimulus_id=stimulus_id)
@@ -196,7 +197,7 @@ class ExecuteTracer(InstancePatch):
 
     def _report(self, attempt: _Attempt) -> None:
         """The attempt's duration point, and its span if traced (or thinned but kept)."""
-        prefix = ids.cap(attempt.prefix, self.settings.max_attribute_length)
+        prefix = strings.cap(attempt.prefix, self.settings.max_attribute_length)
         timing = attempt.timing
         if timing is not None:
             self._record_duration(prefix, attempt.outcome, timing)  # type: ignore[arg-type]
@@ -233,7 +234,7 @@ class ExecuteTracer(InstancePatch):
     ) -> None:
         """The attempt's span, named ``name``, under the carrier's span: its id the one
         ``span_id`` names (None: the current span's, or a new one)."""
-        key = ids.key_to_str(attempt.key)
+        key = strings.key_to_str(attempt.key)
         limit = self.settings.max_attribute_length
         parent = ids.with_sampled(carrier.context, True)  # a thinned task kept anyway
         if attempt.span is not None:
@@ -258,9 +259,9 @@ class ExecuteTracer(InstancePatch):
             (start, end),
             {
                 **self.static_attributes,
-                "dask.task.key": ids.cap(key, limit),
-                "dask.task.prefix": ids.cap(attempt.prefix, limit),
-                "dask.task.group": ids.cap(key_split_group(attempt.key), limit),
+                "dask.task.key": strings.cap(key, limit),
+                "dask.task.prefix": strings.cap(attempt.prefix, limit),
+                "dask.task.group": strings.cap(key_split_group(attempt.key), limit),
             },
             attempt.failure,
             links=links,
@@ -277,7 +278,7 @@ class ExecuteTracer(InstancePatch):
         relation = {"dask.link": "dependency"}
         generation = carrier.generation
         links = (
-            ids.earlier_attempt_links(carrier.context, ids.key_to_str(attempt.key), generation)
+            ids.earlier_attempt_links(carrier.context, strings.key_to_str(attempt.key), generation)
             if generation
             else []
         )
@@ -286,7 +287,7 @@ class ExecuteTracer(InstancePatch):
         for key, annotation in attempt.dependencies:
             ref = ids.task_ref(annotation, key)
             if ref is None and not carrier.partial:
-                ref = ids.TaskRef(carrier._replace(generation=0), ids.key_to_str(key))
+                ref = ids.TaskRef(carrier._replace(generation=0), strings.key_to_str(key))
             if ref is not None:
                 links.append(trace.Link(ref.span_context, relation))
         return links

@@ -12,6 +12,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind
 
+from dask_otel import strings
 from dask_otel.plugins import carriers
 from dask_otel.plugins.scheduler_spans import Graph
 from dask_otel.spans import ids, naming
@@ -161,7 +162,7 @@ class Graphs:
         ).encode()
         created_set = {ts.key for ts in created}
         for ts, kept in zip(created, chosen, strict=True):
-            key_text = ids.key_to_str(ts.key)
+            key_text = strings.key_to_str(ts.key)
             if kept and ratio < 1:
                 kept = ids.keep_task(carrier.context, key_text, ratio)
             annotation = kept_annotation if kept else thinned_annotation
@@ -183,7 +184,7 @@ class Graphs:
         links = []
         for dts in dependencies:
             if dts.key in created:
-                links.append(ids.TaskRef(carrier, ids.key_to_str(dts.key)).span_context)
+                links.append(ids.TaskRef(carrier, strings.key_to_str(dts.key)).span_context)
                 continue
             ref = ids.task_ref(self._carriers.annotation(dts.key), dts.key)
             if ref is not None:

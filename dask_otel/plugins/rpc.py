@@ -26,7 +26,7 @@ from opentelemetry.trace import SpanKind
 
 from dask_otel import identity
 from dask_otel.spans import emitter, errors
-from dask_otel.spans.records import DeferredSpan, EndedSpans
+from dask_otel.spans.records import DeferredSpan, EndedSpans, ended_spans
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -44,25 +44,12 @@ class _State:
     """What the patched ``send_recv`` needs; replaced whole so readers see one snapshot."""
 
     def __init__(self, tracer: trace.Tracer, settings: Settings) -> None:
-        self.spans = ended_spans(tracer, settings)
+        self.spans = ended_spans(tracer, settings.max_attribute_length)
         self.always = settings.rpc_always_record
         self.never = settings.rpc_never_record
 
 
 _state: _State | None = None
-
-
-def ended_spans(tracer: trace.Tracer, settings: Settings) -> EndedSpans:
-    """Builds spans of work that is over (``rpc`` spans, a worker's) with ``tracer`` in
-    this process's emitter thread (a request does not say which client, scheduler or
-    worker of the process sent it), written straight as queued tuples for SDK tracers."""
-    try:
-        from dask_otel.export import span_writer  # imports the SDK: not at import time
-    except ImportError:  # no SDK installed: spans go through the API
-        writer = None
-    else:
-        writer = span_writer.span_writer(tracer)
-    return EndedSpans(tracer, emitter.shared(), settings.max_attribute_length, writer)
 
 
 def peer_attributes(address: str | None, prefix: str) -> dict[str, Any]:
@@ -200,7 +187,7 @@ def trace_handlers(server: Any, tracer: trace.Tracer, settings: Settings) -> dic
     originals: dict[str, Any] = {}
     if not settings.rpc_spans:
         return originals
-    spans = ended_spans(tracer, settings)
+    spans = ended_spans(tracer, settings.max_attribute_length)
     for op in settings.rpc_always_record - settings.rpc_never_record:
         handler = server.handlers.get(op)
         if handler is not None:

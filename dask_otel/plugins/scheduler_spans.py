@@ -9,6 +9,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
+from dask_otel import strings
 from dask_otel.spans import errors, ids
 
 #: States after which a task's span is complete.
@@ -88,20 +89,20 @@ class TaskSpans:
 
     def attributes(self, ts: Any) -> dict[str, Any]:
         """The attributes that name a scheduler ``TaskState``."""
-        return self._identity(ids.key_to_str(ts.key), ts.prefix.name, ts.group.name)
+        return self._identity(strings.key_to_str(ts.key), ts.prefix.name, ts.group.name)
 
     def _identity(self, key: str, prefix: str, group: str) -> dict[str, Any]:
         limit = self._limit
         return {
             "dask.cluster.id": self._cluster_id,
-            "dask.task.key": ids.cap(key, limit),
-            "dask.task.prefix": ids.cap(prefix, limit),  # a key without "-" is its own prefix
-            "dask.task.group": ids.cap(group, limit),
+            "dask.task.key": strings.cap(key, limit),
+            "dask.task.prefix": strings.cap(prefix, limit),  # a key without "-" is its own prefix
+            "dask.task.group": strings.cap(group, limit),
         }
 
     def task(self, record: TaskRecord, carrier: trace.SpanContext) -> None:
         """Emit the ``task`` span of ``record``, a task of the graph ``carrier`` names."""
-        key = ids.key_to_str(record.key)
+        key = strings.key_to_str(record.key)
         attributes = self._identity(key, record.prefix, record.group)
         attributes["dask.task.state"] = record.state
         if record.attempts is not None:
@@ -152,7 +153,9 @@ class TaskSpans:
         cause = error.get("cause")
         if cause is not None and cause != record.key:
             # Erred because a dependency erred: the exception belongs to that task's span.
-            span.set_attribute("dask.task.erred_by", ids.cap(ids.key_to_str(cause), self._limit))
+            span.set_attribute(
+                "dask.task.erred_by", strings.cap(strings.key_to_str(cause), self._limit)
+            )
             span.set_status(Status(StatusCode.ERROR, "dependency erred"))
             return
         workers = record.workers or []

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from distributed.spill import PickleError, SpillBuffer
 from opentelemetry import trace
 
+from dask_otel import strings
 from dask_otel.runtime import report_once
 from dask_otel.spans import ids
 from dask_otel.spans.records import EndedSpans
@@ -98,14 +99,14 @@ class TracedDisk(MutableMapping):
             traced = self.carriers.traced(ts) if ts is not None else None
             if traced is None:
                 return None
-            prefix = ids.cap(ts.prefix, self.limit)  # type: ignore[union-attr]
+            prefix = strings.cap(ts.prefix, self.limit)  # type: ignore[union-attr]
             return (
                 f"{operation} {prefix}",
                 traced,
                 {
                     **self.attributes,
                     **attributes,
-                    "dask.task.key": ids.cap(traced.key, self.limit),
+                    "dask.task.key": strings.cap(traced.key, self.limit),
                     "dask.task.prefix": prefix,
                 },
             )

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from distributed import core
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from dask_otel import identity, runtime
+from dask_otel import identity, runtime, strings
 from dask_otel.plugins import carried, client, rpc
 from dask_otel.plugins.activation import activate
 from dask_otel.plugins.execution import ExecuteTracer
@@ -34,6 +34,7 @@ from dask_otel.runtime import PLUGIN_NAME
 from dask_otel.signals import metrics
 from dask_otel.spans import ids
 from dask_otel.spans.emitter import drain, off_loop
+from dask_otel.spans.records import ended_spans
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -111,10 +112,10 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
         # Attributes of every span; ``dask.cluster.id`` joins once the scheduler answers.
         attributes = {
             "dask.worker.address": worker.address,
-            "dask.worker.name": ids.cap(str(worker.name), limit),
+            "dask.worker.name": strings.cap(str(worker.name), limit),
         }
         # Builds this worker's spans (``execute`` and the ended spans of its other work).
-        ended = rpc.ended_spans(tracer, settings)
+        ended = ended_spans(tracer, settings.max_attribute_length)
         self._execute = ExecuteTracer(
             worker, ended, attributes, sources.task_duration, settings, carriers
         )

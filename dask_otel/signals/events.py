@@ -20,8 +20,8 @@ from typing import Any
 
 from opentelemetry._logs import LoggerProvider, LogRecord, SeverityNumber
 
+from dask_otel import strings
 from dask_otel.runtime import SCOPE
-from dask_otel.spans import errors, ids
 from dask_otel.version import __version__
 
 #: Items kept from a list, set or dict in an event body (e.g. lost task keys); the rest
@@ -98,16 +98,16 @@ class EventRecorder:
 
 def _body(msg: Any, limit: int) -> Any:
     """The record body for event message ``msg``, redacted as configured."""
-    redaction = errors.redaction
+    redaction = strings.redaction
     if not isinstance(msg, dict):
         return _plain(msg, limit, redaction.log_bodies)
     body = {}
     for k, v in islice(msg.items(), MAX_ITEMS):
-        name = ids.cap(ids.key_to_str(k), limit)
+        name = strings.cap(strings.key_to_str(k), limit)
         if k in ARGUMENT_FIELDS or (
             k in EXCEPTION_FIELDS and redaction.exception_messages and v is not None
         ):
-            body[name] = errors.REDACTED
+            body[name] = strings.REDACTED
         else:
             body[name] = _plain(v, limit, redaction.log_bodies and k != "action")
     if len(msg) > MAX_ITEMS:
@@ -121,12 +121,12 @@ def _plain(value: Any, limit: int, redact: bool = False) -> Any:
     if isinstance(value, (bool, int, float)) or value is None:
         return value
     if isinstance(value, str):
-        return errors.REDACTED if redact else ids.cap(value, limit)
+        return strings.REDACTED if redact else strings.cap(value, limit)
     if isinstance(value, (bytes, bytearray, memoryview)):
         return f"[{len(value)} bytes]"  # a pickle holds whatever was pickled
     if isinstance(value, dict):
         plain = {
-            ids.cap(ids.key_to_str(k), limit): _plain(v, limit, redact)
+            strings.cap(strings.key_to_str(k), limit): _plain(v, limit, redact)
             for k, v in islice(value.items(), MAX_ITEMS)
         }
         if len(value) > MAX_ITEMS:
@@ -134,12 +134,12 @@ def _plain(value: Any, limit: int, redact: bool = False) -> Any:
         return plain
     if isinstance(value, (list, tuple, set, frozenset)):
         plain_items = [
-            _plain(ids.key_to_str(v) if isinstance(v, tuple) else v, limit, redact)
+            _plain(strings.key_to_str(v) if isinstance(v, tuple) else v, limit, redact)
             for v in islice(value, MAX_ITEMS)
         ]
         if len(value) > MAX_ITEMS:
             plain_items.append(f"... {len(value) - MAX_ITEMS} more")
         return plain_items
-    if redact or (isinstance(value, BaseException) and errors.redaction.exception_messages):
-        return errors.REDACTED
-    return ids.cap(errors.safe_repr(value), limit)
+    if redact or (isinstance(value, BaseException) and strings.redaction.exception_messages):
+        return strings.REDACTED
+    return strings.cap(strings.safe_repr(value), limit)

@@ -12,15 +12,10 @@ import weakref
 from time import monotonic
 from typing import TYPE_CHECKING
 
-from dask_otel import identity
-from dask_otel.spans import errors, ids
+from dask_otel import identity, strings
 
 if TYPE_CHECKING:
     from opentelemetry._logs import LogRecord
-
-#: Log bodies are capped at this multiple of ``otel.max-attribute-length`` (Dask's
-#: "Compute Failed" body holds a stack trace); exception text as ``errors`` says.
-BODY_LENGTH_FACTOR = 16
 
 
 class Repeats:
@@ -83,7 +78,7 @@ class DaskRecordFilter(logging.Filter):
         task = getattr(sys.modules.get("distributed.worker"), "thread_state", None)
         key = getattr(task, "key", None)
         if key is not None:
-            fields["dask.task.key"] = ids.cap(ids.key_to_str(key), self.max_length)
+            fields["dask.task.key"] = strings.cap(strings.key_to_str(key), self.max_length)
             worker = getattr(task, "execution_state", {}).get("worker")
             if worker is not None:
                 fields["dask.worker.address"] = worker.address
@@ -98,16 +93,18 @@ class DaskRecordFilter(logging.Filter):
             return
         key, _, _, exception_text, traceback_text = args[:5]
         text = str(exception_text)
-        match = errors.LEADING_TYPE.match(text.strip("'\""))
-        redact = errors.redaction.exception_messages
+        match = strings.LEADING_TYPE.match(text.strip("'\""))
+        redact = strings.redaction.exception_messages
         texts = {"exception.message": text, "exception.stacktrace": str(traceback_text)}
         record.__dict__.update(
             {
-                "dask.task.key": ids.cap(ids.key_to_str(key), self.max_length),
+                "dask.task.key": strings.cap(strings.key_to_str(key), self.max_length),
                 "exception.type": match.group(1) if match else "Exception",
                 **{
-                    name: errors.REDACTED if redact else ids.cap(texts[name], self.max_length * n)
-                    for name, n in errors.EXCEPTION_TEXT_FACTORS.items()
+                    name: strings.REDACTED
+                    if redact
+                    else strings.cap(texts[name], strings.max_length(name, self.max_length))
+                    for name in strings.EXCEPTION_TEXT
                 },
             }
         )
@@ -123,22 +120,22 @@ class DaskRecordFilter(logging.Filter):
         limit = self.max_length
         body = exported.body
         attributes = dict(exported.attributes or {})
-        if errors.redaction.log_bodies:
-            body = record.msg if isinstance(record.msg, str) else errors.REDACTED
+        if strings.redaction.log_bodies:
+            body = record.msg if isinstance(record.msg, str) else strings.REDACTED
         elif (hidden := _hidden_arguments(record)) is not None:
             body = _without(record, hidden)
-        elif errors.redaction.exception_messages and _quotes_exception(record):
+        elif strings.redaction.exception_messages and _quotes_exception(record):
             body = _without(record, (), quoted=True)
-        elif errors.redaction.exception_messages and (record.exc_info or formatted):
+        elif strings.redaction.exception_messages and (record.exc_info or formatted):
             body = _message(record)
         if isinstance(body, str):
-            body = ids.cap(body, limit * BODY_LENGTH_FACTOR)
-        for name, factor in errors.EXCEPTION_TEXT_FACTORS.items():
+            body = strings.cap(body, strings.max_length("log.body", limit))
+        for name in strings.EXCEPTION_TEXT:
             if name in attributes:
                 attributes[name] = (
-                    errors.REDACTED
-                    if errors.redaction.exception_messages
-                    else ids.cap(str(attributes[name]), limit * factor)
+                    strings.REDACTED
+                    if strings.redaction.exception_messages
+                    else strings.cap(str(attributes[name]), strings.max_length(name, limit))
                 )
         exported.body = body
         exported.attributes = attributes
@@ -150,7 +147,7 @@ def _message(record: logging.LogRecord) -> str:
     try:
         return record.getMessage()
     except Exception:
-        return str(record.msg) if isinstance(record.msg, str) else errors.REDACTED
+        return str(record.msg) if isinstance(record.msg, str) else strings.REDACTED
 
 
 #: Dask's records that print what it ran, by logger and message start: the arguments (by
@@ -171,7 +168,7 @@ def _hidden_arguments(record: logging.LogRecord) -> tuple[int, ...] | None:
         return None
     for (name, start), (arguments, exception) in _ARGUMENT_RECORDS.items():
         if record.name == name and record.msg.startswith(start):
-            return arguments + exception if errors.redaction.exception_messages else arguments
+            return arguments + exception if strings.redaction.exception_messages else arguments
     return None
 
 
@@ -191,9 +188,9 @@ def _without(record: logging.LogRecord, hidden: tuple[int, ...], quoted: bool = 
     the exception a formatter would append."""
     args = record.args if isinstance(record.args, tuple) else ()
     shown = tuple(
-        errors.REDACTED
+        strings.REDACTED
         if i in hidden
-        else f"{errors.type_name(a)}: {errors.REDACTED}"
+        else f"{strings.type_name(a)}: {strings.REDACTED}"
         if quoted and isinstance(a, BaseException)
         else a
         for i, a in enumerate(args)
@@ -201,4 +198,4 @@ def _without(record: logging.LogRecord, hidden: tuple[int, ...], quoted: bool = 
     try:
         return str(record.msg) % shown
     except Exception:
-        return errors.REDACTED
+        return strings.REDACTED

@@ -29,6 +29,7 @@ from distributed.worker_state_machine import TaskStateState
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
+from dask_otel import strings
 from dask_otel.runtime import SCOPE, forget_in_child, metric_demand, report_once
 from dask_otel.signals.instruments import (
     DROPPED,
@@ -37,7 +38,6 @@ from dask_otel.signals.instruments import (
     MEMORY_BUCKETS,
     SIZE_BUCKETS,
 )
-from dask_otel.spans import ids
 from dask_otel.version import __version__
 
 if TYPE_CHECKING:
@@ -73,8 +73,8 @@ LABEL_LENGTH = 256
 
 
 def _label(name: Any) -> str:
-    """A user-chosen name as a label: capped, and valid UTF-8 (see :func:`ids.cap`)."""
-    return ids.cap(str(name), LABEL_LENGTH)
+    """A user-chosen name as a label: capped, and valid UTF-8 (see :func:`strings.cap`)."""
+    return strings.cap(str(name), LABEL_LENGTH)
 
 
 def _observe_scheduler(s: Any, base: Attributes) -> Iterator[tuple[str, float, Attributes]]:

@@ -15,93 +15,21 @@ import pickle
 import re
 import sys
 import traceback
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
-from dask_otel.spans.ids import cap
-
-#: A (dotted) Python name, as exception types are written.
-_TYPE_NAME = r"([A-Za-z_][\w.]*)"
-#: The class name at the start of an exception's repr, e.g. ``KeyError`` in ``KeyError('k')``.
-_REPR_TYPE = re.compile(_TYPE_NAME + r"\(")
-#: The type at the start of the text Dask has of an exception (its repr or its str).
-LEADING_TYPE = re.compile(_TYPE_NAME)
-#: What replaces a redacted exception message, stack trace or log body.
-REDACTED = "[redacted]"
-#: Attributes of an ``exception`` event (and of a log record) that carry its text.
-EXCEPTION_TEXT = ("exception.message", "exception.stacktrace")
-#: How many times ``otel.max-attribute-length`` each of those is capped at.
-EXCEPTION_TEXT_FACTORS = {"exception.message": 4, "exception.stacktrace": 16}
-#: The type at the start of an ERROR status's description, as the SDK writes it
-#: (``ValueError: message``).
-_DESCRIBED_TYPE = re.compile(_TYPE_NAME + ": ")
-
-
-@dataclass
-class Redaction:
-    """This process's ``otel.redact.*`` settings, set whenever a component activates."""
-
-    exception_messages: bool = False
-    log_bodies: bool = False
-
-
-#: The redaction in force in this process (``dask.config`` is per process too).
-redaction = Redaction()
-
-
-def set_redaction(settings: Any) -> None:
-    """Adopt the ``otel.redact.*`` values of validated :class:`~dask_otel.config.Settings`."""
-    redaction.exception_messages = bool(settings.redact_exception_messages)
-    redaction.log_bodies = bool(settings.redact_log_bodies)
-
-
-def redact_description(description: str) -> str:
-    """An ERROR status's description without the exception's message: ``ValueError:
-    [redacted]`` for the SDK's ``ValueError: message``, else :data:`REDACTED`."""
-    match = _DESCRIBED_TYPE.match(description)
-    return f"{match.group(1)}: {REDACTED}" if match else REDACTED
-
-
-def redact_status(
-    status: Status | StatusCode, description: str | None
-) -> tuple[Status | StatusCode, str | None]:
-    """``set_status``'s arguments, an ERROR's description redacted (either form)."""
-    if isinstance(status, Status):
-        if status.status_code is StatusCode.ERROR and status.description:
-            status = Status(StatusCode.ERROR, redact_description(status.description))
-    elif status is StatusCode.ERROR and description:
-        description = redact_description(description)
-    return status, description
-
-
-def redact_exception_text(attributes: Any) -> Any:
-    """``attributes`` of an ``exception`` event or a log record, a copy with its message
-    and stack trace redacted if it had them."""
-    if not attributes or not any(name in attributes for name in EXCEPTION_TEXT):
-        return attributes
-    redacted = dict(attributes)
-    for name in EXCEPTION_TEXT:
-        if name in redacted:
-            redacted[name] = REDACTED
-    return redacted
-
-
-def type_name(exc: BaseException) -> str:
-    """``ValueError`` for builtins, ``package.module.MyError`` for everything else."""
-    cls = type(exc)
-    return (
-        cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
-    )
-
-
-def safe_str(exc: BaseException) -> str:
-    try:
-        return str(exc)
-    except Exception:
-        return f"<{type(exc).__name__}: str() failed>"
+from dask_otel.strings import (
+    REDACTED,
+    TYPE_NAME,
+    cap,
+    max_length,
+    redaction,
+    safe_repr,
+    safe_str,
+    type_name,
+)
 
 
 def hide_frame(error: BaseException) -> None:
@@ -239,16 +167,13 @@ def _message_from_repr(text: str, exc_type: str) -> str:
     return repr(args[0]) if exc_type == "KeyError" else str(args[0])
 
 
+#: The class name at the start of an exception's repr, e.g. ``KeyError`` in ``KeyError('k')``.
+_REPR_TYPE = re.compile(TYPE_NAME + r"\(")
+
+
 def _text_type(text: str | None) -> str | None:
     match = _REPR_TYPE.match(text) if text else None
     return match.group(1) if match else None
-
-
-def safe_repr(value: Any) -> str:
-    try:
-        return repr(value)
-    except Exception:
-        return f"<{type(value).__name__}: repr() failed>"
 
 
 def record_exception(
@@ -274,33 +199,12 @@ def record_exception(
         stacktrace = REDACTED
     else:
         stacktrace = f"Traceback (most recent call last):\n{traceback_text}{exc_type}: {message}"
-    factors = EXCEPTION_TEXT_FACTORS
     event = {
         "exception.type": exc_type,
-        "exception.message": cap(message, limit * factors["exception.message"]),
+        "exception.message": cap(message, max_length("exception.message", limit)),
     }
     if traceback_text:
-        event["exception.stacktrace"] = cap(stacktrace, limit * factors["exception.stacktrace"])
+        event["exception.stacktrace"] = cap(stacktrace, max_length("exception.stacktrace", limit))
     span.add_event("exception", {**event, **attributes}, timestamp=timestamp)
     span.set_attribute("error.type", exc_type)
     span.set_status(Status(StatusCode.ERROR, cap(f"{exc_type}: {message}", limit)))
-
-
-def exception_attributes(
-    exception: BaseException, attributes: Any = None, escaped: bool = False
-) -> dict[str, Any]:
-    """The attributes of the SDK's ``exception`` event for ``exception`` (as
-    ``Span.record_exception`` makes them); message and stack trace :data:`REDACTED` with
-    ``otel.redact.exception-messages``."""
-    if redaction.exception_messages:
-        message = stack = REDACTED
-    else:
-        message = safe_str(exception)
-        stack = "".join(traceback.format_exception(exception))
-    return {
-        "exception.type": type_name(exception),
-        "exception.message": message,
-        "exception.stacktrace": stack,
-        "exception.escaped": str(escaped),
-        **(attributes or {}),
-    }

@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import re
 import threading
 import weakref
 from typing import Any, NamedTuple
@@ -28,6 +27,8 @@ from typing import Any, NamedTuple
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from dask_otel.strings import key_to_str
 
 #: Name of the annotation that carries the trace context from the client to the
 #: scheduler and from the scheduler to the worker (reserved: a user's own is replaced).
@@ -41,30 +42,6 @@ _FROM_CLIENT = ";client"
 
 _propagator = TraceContextTextMapPropagator()
 logger = logging.getLogger(__name__)
-
-
-def key_to_str(key: Any) -> str:
-    """The stable text form of a Dask key (tuple keys included), identical on every host."""
-    return key if isinstance(key, str) else str(key)
-
-
-#: Code points UTF-8 cannot carry: lone surrogates, which ``os.fsdecode`` and
-#: ``os.listdir`` make of a file name's undecodable bytes.
-_SURROGATES = re.compile("[\ud800-\udfff]")
-
-
-def clean(text: str) -> str:
-    """``text`` as UTF-8 can carry it: each lone surrogate becomes U+FFFD (an OTLP
-    exporter fails a whole batch on one)."""
-    return text if text.isascii() else _SURROGATES.sub("\ufffd", text)
-
-
-def cap(text: str, limit: int) -> str:
-    """Truncate ``text`` to ``limit`` characters, marking the cut with an ellipsis; made
-    :func:`clean`: every string dask-otel builds passes here."""
-    if len(text) > limit:
-        text = text[: limit - 1] + "\u2026" if limit > 0 else ""
-    return text if text.isascii() else _SURROGATES.sub("\ufffd", text)  # clean(), inline
 
 
 def task_span_id(carrier: trace.SpanContext, key: str, generation: int = 0) -> int:

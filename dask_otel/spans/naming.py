@@ -15,7 +15,7 @@ from typing import Any
 
 from dask.utils import key_split
 
-from dask_otel.spans.ids import cap
+from dask_otel.strings import cap
 
 #: Requested keys, and keys inside a wrapper, looked at: enough to name a computation,
 #: bounded for graphs of a million keys.

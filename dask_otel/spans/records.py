@@ -24,7 +24,8 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.util import types
 
-from dask_otel.spans import errors, ids
+from dask_otel import strings
+from dask_otel.spans import emitter, errors, ids
 from dask_otel.spans.emitter import SpanEmitter
 
 #: Calls kept per span (the SDK keeps at most 128 attributes, events and links anyway):
@@ -104,8 +105,8 @@ class DeferredSpan(trace.Span):
     def add_event(
         self, name: str, attributes: types.Attributes = None, timestamp: int | None = None
     ) -> None:
-        if name == "exception" and errors.redaction.exception_messages:
-            attributes = errors.redact_exception_text(attributes)
+        if name == "exception" and strings.redaction.exception_messages:
+            attributes = strings.redact_exception_text(attributes)
         self._keep("add_event", name, attributes, timestamp or time_ns())
 
     def add_link(self, context: trace.SpanContext, attributes: types.Attributes = None) -> None:
@@ -117,8 +118,8 @@ class DeferredSpan(trace.Span):
     def set_status(
         self, status: trace.Status | trace.StatusCode, description: str | None = None
     ) -> None:
-        if errors.redaction.exception_messages:  # ``use_span`` describes the exception
-            status, description = errors.redact_status(status, description)
+        if strings.redaction.exception_messages:  # ``use_span`` describes the exception
+            status, description = strings.redact_status(status, description)
         self._keep("set_status", status, description)
 
     def record_exception(
@@ -131,7 +132,7 @@ class DeferredSpan(trace.Span):
         """The SDK's ``exception`` event, made now: the exception and its frames (the
         task's data) are not kept until the span is built. Redacted as dask-otel's own
         (``otel.redact.exception-messages``)."""
-        event = errors.exception_attributes(exception, attributes, escaped)
+        event = strings.exception_attributes(exception, attributes, escaped)
         self.add_event("exception", event, timestamp)
 
     def __repr__(self) -> str:
@@ -151,7 +152,7 @@ class TaskAttemptSpan(DeferredSpan):
         self._key = key
 
     def _new_span_id(self) -> int:
-        return self._carrier.span_id(ids.key_to_str(self._key))
+        return self._carrier.span_id(strings.key_to_str(self._key))
 
 
 class EndedSpans:
@@ -240,3 +241,16 @@ class EndedSpans:
         if error is not None:
             errors.record_exception(span, error, self._limit, timestamp=times[1])
         span.end(times[1])
+
+
+def ended_spans(tracer: trace.Tracer, max_attribute_length: int) -> EndedSpans:
+    """Builds spans of work that is over (``rpc`` spans, a worker's) with ``tracer`` in
+    this process's emitter thread (a request does not say which client, scheduler or
+    worker of the process sent it), written straight as queued tuples for SDK tracers."""
+    try:
+        from dask_otel.export import span_writer  # imports the SDK: not at import time
+    except ImportError:  # no SDK installed: spans go through the API
+        writer = None
+    else:
+        writer = span_writer.span_writer(tracer)
+    return EndedSpans(tracer, emitter.shared(), max_attribute_length, writer)
