@@ -152,6 +152,7 @@ THREAD_GROUPS = {
     "loop": "event loop (scheduler, and the workers unless --processes)",
     "tasks": "task threads (executors)",
     "dask-otel": "dask-otel span emitters",
+    "dask-otel-export": "dask-otel export queues (checks, encoding or rebuilding, export)",
     "sdk": "OpenTelemetry SDK (batch processor, metrics)",
     "other": "other threads",
     "ended": "threads that ended during the round",
@@ -165,6 +166,8 @@ def thread_group(name: str) -> str:
     """The part of the process a thread's CPU is charged to."""
     if name == "IO loop":
         return "loop"  # the event loop of the scheduler and both workers
+    if name.startswith("dask-otel-export"):
+        return "dask-otel-export"
     if name.startswith("dask-otel"):
         return "dask-otel"
     if name.startswith("Otel"):

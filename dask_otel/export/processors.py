@@ -112,8 +112,8 @@ class CountingExporter:
 
 class _CountingSpanExporter(CountingExporter):
     """Counts lost spans; hands the exporter the queued tuples if it is the OTLP/gRPC
-    exporter (which then encodes them with :mod:`dask_otel.otlp`, ~5x cheaper than the
-    SDK's encoder), ReadableSpans rebuilt from them otherwise."""
+    exporter (which then encodes them with :mod:`dask_otel.export.otlp_encoding`, cheaper
+    than the SDK's encoder), ReadableSpans rebuilt from them otherwise."""
 
     signal = "traces"
     failure = SpanExportResult.FAILURE
@@ -165,7 +165,7 @@ class Queued:
 class CompactSpanProcessor(Queued, SpanProcessor):
     """Queues each ended, sampled span as one tuple of plain values (see :func:`compact`).
     The exporter gets the tuples if it is the OTLP/gRPC exporter (which then encodes them
-    with :mod:`dask_otel.export.otlp_encoding`, ~5x cheaper than the SDK's encoder), ReadableSpans
+    with :mod:`dask_otel.export.otlp_encoding`, cheaper than the SDK's encoder), ReadableSpans
     rebuilt from them otherwise."""
 
     def __init__(self, exporter: SpanExporter, limits: QueueLimits) -> None:

@@ -261,7 +261,7 @@ class LogRecords:
         body = record.body
         total = _text_bytes(body) if body.__class__ is str else _value_bytes(body, 0)
         # The SDK's BoundedAttributes: its dict, read without the Mapping protocol (and its
-        # lock) per key, a third of the cost.
+        # lock) per key: cheaper.
         attributes = getattr(record.attributes, "_dict", record.attributes)
         attributes_size = _attributes_bytes(attributes)
         if total < 0 or attributes_size < 0:

@@ -4,7 +4,7 @@ dask-otel builds most of its spans after the fact, from times and attributes not
 event loop. Through ``Tracer.start_span`` each pays for the sampler, the id generator,
 the context, the SDK span's lock and bookkeeping and the processors' on_start and on_end,
 and dask-otel's processor then turns it into a tuple. A SpanWriter makes that tuple
-directly, at a third of the cost (docs/overhead.md), with the SDK's limits; if other
+directly, for less (docs/overhead.md), with the SDK's limits; if other
 processors share the provider, they get the ReadableSpan rebuilt from it (on_end: nothing
 calls their on_start).
 """
@@ -114,7 +114,7 @@ class WrittenSpan(trace.Span):
     def _fits(self, count: int) -> bool:
         """Whether the SDK's bounds keep ``count`` plain attributes (:func:`_plain`) as they
         are: no length limit, no more than the limit. Most spans' do: cleaning each value
-        was a third of the cost of writing a span."""
+        was a large part of the cost of writing a span."""
         limits = self._writer.limits
         return _unbounded(limits.max_span_attributes, limits.max_span_attribute_length, count)
 

@@ -9,10 +9,10 @@ skipped and reported; it never ends the summary.
 
 Everything is counted from spans and log records, never from metrics (exported once a
 minute, they lag what the spans show). Spans are told apart by name and attributes, not
-by which process sent them, so both trace models read alike: ``execute``/``attempt``
-spans and a worker's ``task`` span are attempts; a ``task`` span with
+by which process sent them, so recordings of older releases read alike too:
+``execute``/``attempt`` spans and a worker's ``task`` span are attempts; a ``task`` span with
 ``dask.task.state`` is the scheduler's record of a task; a ``died`` span is an attempt
-lost with its worker (a child of the scheduler's ``attempt`` span for it, in v2).
+lost with its worker (beside the scheduler's ``attempt`` span for it, linked).
 
 The lines are read by :mod:`dask_otel.tools.otlp_json`; the screen is written by
 :mod:`dask_otel.tools.report`.
