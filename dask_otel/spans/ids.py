@@ -55,12 +55,18 @@ def task_span_id(carrier: trace.SpanContext, key: str, generation: int = 0) -> i
     span beside it (under the same parent, linked from the later span) if it did not.
     """
     text = key if not generation else f"{key}\x00{generation}"
-    digest = hashlib.blake2b(
-        text.encode("utf-8", "surrogatepass"),
-        digest_size=8,
-        key=carrier.trace_id.to_bytes(16, "big") + carrier.span_id.to_bytes(8, "big"),
-    ).digest()
-    return int.from_bytes(digest, "big") or 1
+    hasher = _keyed_hasher(carrier.trace_id, carrier.span_id).copy()
+    hasher.update(text.encode("utf-8", "surrogatepass"))
+    return int.from_bytes(hasher.digest(), "big") or 1
+
+
+@functools.lru_cache(maxsize=64)
+def _keyed_hasher(trace_id: int, span_id: int) -> Any:
+    """The hash of nothing yet, keyed by a carrier: copied for each key (every task of a
+    graph has the same carrier, and keying is most of the cost of a short key's hash)."""
+    return hashlib.blake2b(
+        digest_size=8, key=trace_id.to_bytes(16, "big") + span_id.to_bytes(8, "big")
+    )
 
 
 def attempt_span_id(annotation: object, key: Any) -> tuple[int, int] | None:
@@ -91,6 +97,8 @@ def keep_task(carrier: trace.SpanContext, key: str, ratio: float) -> bool:
 
 def with_sampled(span_context: trace.SpanContext, sampled: bool) -> trace.SpanContext:
     """``span_context`` with its sampled flag set to ``sampled``."""
+    if span_context.trace_flags.sampled is sampled:
+        return span_context
     flags = trace.TraceFlags(
         (span_context.trace_flags | trace.TraceFlags.SAMPLED)
         if sampled
