@@ -17,8 +17,9 @@ import struct
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from dask_otel.export.span_fields import RESOURCE, SCOPE, QueuedSpan
+
 #: A queued span (see :func:`dask_otel.export.queued_spans.compact`).
-CompactSpan = tuple
 
 _pack_fixed64 = struct.Struct("<Q").pack
 _pack_fixed32 = struct.Struct("<I").pack
@@ -101,11 +102,11 @@ class Encoder:
         self._pairs: dict[bytes, dict[type, dict[tuple[str, Any], bytes]]] = {}
         self._headers: dict[int, bytes] = {}
 
-    def encode(self, batch: Sequence[CompactSpan]) -> bytes:
+    def encode(self, batch: Sequence[QueuedSpan]) -> bytes:
         """The request's bytes: spans grouped by resource, then by scope."""
         groups: dict[int, dict[int, list[bytes]]] = {}
         for values in batch:
-            groups.setdefault(values[7], {}).setdefault(values[8], []).append(
+            groups.setdefault(values[RESOURCE], {}).setdefault(values[SCOPE], []).append(
                 _field(b"\x12", self._span(values))
             )
         out = []
@@ -168,7 +169,7 @@ class Encoder:
             out.append(encoded)
         return b"".join(out)
 
-    def _span(self, values: CompactSpan) -> bytes:
+    def _span(self, values: QueuedSpan) -> bytes:
         (name, trace_id, span_id, _, trace_state, parent_id, parent_remote) = values[:7]
         (kind, attributes, events, links, code, description) = values[9:15]
         start, end, dropped_attributes, dropped_events, dropped_links = values[15:]
@@ -239,7 +240,7 @@ def take_over(exporter: Any, resource: Callable[[int], Any], scope: Callable[[in
         return False
     encoder = Encoder(resource, scope)
 
-    def translate(batch: Sequence[CompactSpan]) -> Any:
+    def translate(batch: Sequence[QueuedSpan]) -> Any:
         return ExportTraceServiceRequest.FromString(encoder.encode(batch))
 
     exporter._translate_data = translate

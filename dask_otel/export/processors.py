@@ -26,11 +26,12 @@ from dask_otel import runtime
 from dask_otel.export import otlp_encoding, sanitize
 from dask_otel.export.abandon import abandonable, abandoned
 from dask_otel.export.drops import NOUNS
-from dask_otel.export.queued_spans import CompactSpan, SharedObjects, compact, rebuild
+from dask_otel.export.queued_spans import SharedObjects, compact, rebuild
 from dask_otel.export.queues import ExportQueue, QueueLimits, queue_limits
 from dask_otel.export.recorder_copy import Mirror, compact_log, configured_processors
 from dask_otel.export.sdk_names import fast_path
 from dask_otel.export.sizes import log_size, span_size
+from dask_otel.export.span_fields import QueuedSpan
 from dask_otel.runtime import report_once
 
 logger = logging.getLogger(__name__)
@@ -179,7 +180,7 @@ class CompactSpanProcessor(Queued, SpanProcessor):
         if span.context and span.context.trace_flags.sampled:
             self.queue(compact(span, self._shared), span.resource, span.instrumentation_scope)
 
-    def queue(self, values: CompactSpan, resource: Resource, scope: Any) -> None:
+    def queue(self, values: QueuedSpan, resource: Resource, scope: Any) -> None:
         """Queue a span already compacted (its resource and scope numbered by this
         processor's shared objects)."""
         self._put(values, lambda recorder: recorder.span(values, resource, scope))

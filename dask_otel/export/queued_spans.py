@@ -20,15 +20,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from opentelemetry.trace.span import TraceState
 
 from dask_otel import runtime
-
-#: A queued span: name, trace id, span id, flags, trace state, parent (span id, or None
-#: for a root; its remote flag), resource and scope (by number), kind, attributes, events
-#: (:func:`event_values`), links (:func:`link_values`), status code and description, start,
-#: end, and the counts of attributes, events and links dropped. (A parent shares the span's
-#: trace id; OTLP sends only its span id and remote flag.) Plain tuples, not named ones:
-#: the garbage collector stops tracking a tuple of untracked values, and marshal (the
-#: flight recorder's format) writes only plain tuples.
-CompactSpan = tuple
+from dask_otel.export.span_fields import QueuedSpan
 
 
 def _trace_state_values(context: SpanContext) -> tuple | None:
@@ -110,7 +102,7 @@ class SharedObjects:
         return getattr(self._objects[index], "name", None) == runtime.SCOPE
 
 
-def compact(span: ReadableSpan, shared: SharedObjects) -> CompactSpan:
+def compact(span: ReadableSpan, shared: SharedObjects) -> QueuedSpan:
     """``span`` as one tuple whose contents the garbage collector does not track (see
     :func:`rebuild`): one tracked object per queued span instead of a dozen."""
     return span_values(
@@ -145,8 +137,8 @@ def span_values(
     status: Status,
     times: tuple[int | None, int | None],
     dropped: tuple[int, int, int],
-) -> CompactSpan:
-    """The tuple of :data:`CompactSpan`'s fields."""
+) -> QueuedSpan:
+    """The tuple of a queued span's fields (:mod:`dask_otel.export.span_fields`)."""
     return (
         name,
         context.trace_id,
@@ -195,7 +187,7 @@ UNSET = Status(StatusCode.UNSET)
 _UNSET_CODE = StatusCode.UNSET.value
 
 
-def rebuild(values: CompactSpan, shared: SharedObjects) -> ReadableSpan:
+def rebuild(values: QueuedSpan, shared: SharedObjects) -> ReadableSpan:
     """The ReadableSpan :func:`compact` made ``values`` of."""
     (name, trace_id, span_id, flags, trace_state, parent_id, parent_remote) = values[:7]
     (resource, scope, kind, attributes, events, links, code, description) = values[7:15]

@@ -20,6 +20,7 @@ from opentelemetry.trace import SpanContext, TraceFlags
 
 from dask_otel import runtime
 from dask_otel.export.queued_spans import plain_attributes, rebuild
+from dask_otel.export.span_fields import KIND, RESOURCE
 from dask_otel.runtime import report_once
 
 logger = logging.getLogger(__name__)
@@ -125,7 +126,7 @@ def recover(providers: runtime.Providers, objects: list[tuple], spans: list, log
     # Every record built before any is handed over: a file that only looks like a
     # recorder raises here, and nothing of it is sent.
     rebuilt = [
-        rebuild((*values[:7], *numbers, *values[9:]), built)  # type: ignore[arg-type]
+        rebuild((*values[:RESOURCE], *numbers, *values[KIND:]), built)  # type: ignore[arg-type]
         for numbers, values in (spans if span_sink is not None else ())
     ]
     records = [

@@ -33,6 +33,16 @@ from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk._logs import ReadableLogRecord
 
 from dask_otel import strings
+from dask_otel.export.span_fields import (
+    ATTRIBUTES,
+    EVENTS,
+    LINK_ATTRIBUTES,
+    LINKS,
+    NAME,
+    SCOPE,
+    STATUS_CODE,
+    STATUS_DESCRIPTION,
+)
 from dask_otel.values import SUBCLASSED, base_value
 
 #: Estimated bytes of one request, below the 4 MiB a collector accepts over gRPC.
@@ -189,37 +199,35 @@ class Spans:
     """Spans as dask-otel's processor queues them
     (:func:`dask_otel.export.queued_spans.compact`)."""
 
-    NAME, SCOPE, ATTRIBUTES, EVENTS, LINKS, CODE, DESCRIPTION = 0, 8, 10, 11, 12, 13, 14
-
     def __init__(self, own_scope: Callable[[int], bool]) -> None:
         #: Whether a scope number is dask-otel's, whose spans redact at the source.
         self.own_scope = own_scope
 
     def size(self, values: tuple, redact: bool) -> int:
-        name = values[self.NAME]
+        name = values[NAME]
         total = len(name) if name.isascii() else _text_bytes(name)
-        attributes = _attributes_bytes(values[self.ATTRIBUTES])
+        attributes = _attributes_bytes(values[ATTRIBUTES])
         if total < 0 or attributes < 0:
             return DIRTY
         total += attributes + ITEM_BYTES
-        description = values[self.DESCRIPTION]
-        redacting = redact and not self.own_scope(values[self.SCOPE])
+        description = values[STATUS_DESCRIPTION]
+        redacting = redact and not self.own_scope(values[SCOPE])
         if description is not None:
             size = _text_bytes(description)
             if size < 0:
                 return DIRTY
-            error = redacting and values[self.CODE] == _ERROR
+            error = redacting and values[STATUS_CODE] == _ERROR
             if error and strings.redact_description(description) != description:
                 return DIRTY
             total += size
-        for name, _, attributes, _ in values[self.EVENTS]:
+        for name, _, attributes, _ in values[EVENTS]:
             size, attributes_size = _text_bytes(name), _attributes_bytes(attributes)
             if size < 0 or attributes_size < 0:
                 return DIRTY
             if redacting and name == "exception" and _has_exception_text(attributes):
                 return DIRTY
             total += size + attributes_size
-        for link in values[self.LINKS]:
+        for link in values[LINKS]:
             size = _attributes_bytes(link[5])
             if size < 0:
                 return DIRTY
@@ -227,11 +235,11 @@ class Spans:
         return total
 
     def clean(self, values: tuple, cleaner: Cleaner) -> tuple:
-        redacting = cleaner.redact and not self.own_scope(values[self.SCOPE])
+        redacting = cleaner.redact and not self.own_scope(values[SCOPE])
         span = list(values)
-        span[self.NAME] = cleaner.text(values[self.NAME])
-        span[self.ATTRIBUTES] = cleaner.attributes(values[self.ATTRIBUTES])
-        span[self.EVENTS] = tuple(
+        span[NAME] = cleaner.text(values[NAME])
+        span[ATTRIBUTES] = cleaner.attributes(values[ATTRIBUTES])
+        span[EVENTS] = tuple(
             (
                 cleaner.text(name),
                 timestamp,
@@ -240,16 +248,17 @@ class Spans:
                 else cleaner.attributes(attributes),
                 dropped,
             )
-            for name, timestamp, attributes, dropped in values[self.EVENTS]
+            for name, timestamp, attributes, dropped in values[EVENTS]
         )
-        span[self.LINKS] = tuple(
-            (*link[:5], cleaner.attributes(link[5]), link[6]) for link in values[self.LINKS]
+        span[LINKS] = tuple(
+            (*link[:LINK_ATTRIBUTES], cleaner.attributes(link[LINK_ATTRIBUTES]), link[-1])
+            for link in values[LINKS]
         )
-        description = values[self.DESCRIPTION]
+        description = values[STATUS_DESCRIPTION]
         if description is not None:
-            if redacting and values[self.CODE] == _ERROR:
+            if redacting and values[STATUS_CODE] == _ERROR:
                 description = strings.redact_description(description)
-            span[self.DESCRIPTION] = cleaner.text(description)
+            span[STATUS_DESCRIPTION] = cleaner.text(description)
         return tuple(span)
 
 

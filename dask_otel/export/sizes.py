@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dask_otel.export.queued_spans import CompactSpan
+from dask_otel.export.span_fields import ATTRIBUTES, EVENTS, LINKS, NAME, QueuedSpan
 
 #: Estimated bytes of one queued span or log record: a fixed part, a part per attribute,
 #: event and link, plus the characters of its strings (measured with tracemalloc on the
@@ -22,10 +22,10 @@ def _strings(attributes: Any) -> int:
     return sum(len(v) for v in attributes.values() if v.__class__ is str)
 
 
-def span_size(values: CompactSpan) -> int:
+def span_size(values: QueuedSpan) -> int:
     """Estimated bytes a queued span holds (see :func:`compact`)."""
-    attributes, events, links = values[10], values[11], values[12]
-    size = _SPAN_BYTES + len(values[0]) + _strings(attributes)
+    attributes, events, links = values[ATTRIBUTES], values[EVENTS], values[LINKS]
+    size = _SPAN_BYTES + len(values[NAME]) + _strings(attributes)
     size += _ATTRIBUTE_BYTES * len(attributes or ())
     for _, _, event_attributes, _ in events:
         size += _EVENT_BYTES + _ATTRIBUTE_BYTES * len(event_attributes or ())

@@ -24,7 +24,6 @@ from dask_otel import strings
 from dask_otel.export.processors import CompactSpanProcessor
 from dask_otel.export.queued_spans import (
     UNSET,
-    CompactSpan,
     SharedObjects,
     event_values,
     link_values,
@@ -32,6 +31,7 @@ from dask_otel.export.queued_spans import (
     span_values,
 )
 from dask_otel.export.sdk_names import fast_path
+from dask_otel.export.span_fields import QueuedSpan
 
 #: Attribute values the SDK's cleaning keeps as they are (no length limit set).
 _SCALARS = frozenset((str, bool, int, float))
@@ -210,7 +210,7 @@ class WrittenSpan(trace.Span):
             self._ended = True
             self._writer.write(self, end_time or time_ns())
 
-    def values(self, resource: int, scope: int, end: int) -> CompactSpan:
+    def values(self, resource: int, scope: int, end: int) -> QueuedSpan:
         """This span as :func:`compact` makes it, its resource and scope numbered so."""
         return span_values(
             self._name,
