@@ -46,7 +46,7 @@ from overhead import (
 
 import dask_otel
 from dask_otel.export import queued_spans, recorder_copy
-from dask_otel.signals import flight
+from dask_otel.postmortem import flight_recorder
 
 
 def micro(rounds: int, calls: int) -> None:
@@ -78,7 +78,9 @@ def micro(rounds: int, calls: int) -> None:
         instrumentation_scope=span.instrumentation_scope,
     )
     with tempfile.TemporaryDirectory() as folder:
-        recorder = flight.FlightRecorder(Path(folder) / "1.flight", 4 * 2**20, flight.SLOTS)
+        recorder = flight_recorder.FlightRecorder(
+            Path(folder) / "1.flight", 4 * 2**20, flight_recorder.SLOTS
+        )
 
         def copy_span() -> None:
             with recorder.lock:

@@ -131,13 +131,18 @@ def instrument(client: Any = None, **providers: Any) -> Awaitable[None] | None:
 async def _register_plugins(client: Any, active: bool) -> None:
     if not active:
         return
+    from dask_otel.plugins import portable
     from dask_otel.plugins.nanny import DaskOtelNannyPlugin
     from dask_otel.plugins.scheduler import DaskOtelSchedulerPlugin
     from dask_otel.plugins.worker import DaskOtelWorkerPlugin
 
+    client.subscribe_topic(portable.TOPIC, _said_absent)
+    # Only where dask-otel is installed: elsewhere a run of its functions fails loudly.
+    found = await client.run(portable.PROBE, on_error="return")
+    installed = [address for address, importable in found.items() if importable is True]
     # What the cluster's processes will say on their own stderr, said here too.
     problems = {"scheduler": await client.run_on_scheduler(settings_problem)}
-    workers = await client.run(settings_problem, on_error="return")
+    workers = await client.run(settings_problem, workers=installed) if installed else {}
     problems.update({f"worker {address}": problem for address, problem in workers.items()})
     for where, problem in problems.items():
         if isinstance(problem, str):
@@ -146,17 +151,27 @@ async def _register_plugins(client: Any, active: bool) -> None:
     # those the plugins reach later; where a process's own are stricter, they stay.
     asked = carried.asked()
     if asked:
-        await _carry(client, asked)
+        await _carry(client, asked, installed)
     await client.register_plugin(DaskOtelSchedulerPlugin(asked))
     # Nannies first: a worker finds its Nanny's flight recorder directory at setup.
-    await client.register_plugin(DaskOtelNannyPlugin(asked))
-    await client.register_plugin(DaskOtelWorkerPlugin(asked))
+    await client.register_plugin(portable.PortableNannyPlugin(DaskOtelNannyPlugin(asked)))
+    await client.register_plugin(portable.PortableWorkerPlugin(DaskOtelWorkerPlugin(asked)))
+    for event in await client.get_events(portable.TOPIC):  # said before the subscription
+        _said_absent(event)
 
 
-async def _carry(client: Any, asked: dict[str, Any]) -> None:
+def _said_absent(event: tuple[float, dict[str, str]]) -> None:
+    """A process where dask-otel is not installed said so (its plugin's event)."""
+    from dask_otel.plugins import portable
+
+    _, where = event
+    say_once(portable.absent_message(where["role"], where["address"]))
+
+
+async def _carry(client: Any, asked: dict[str, Any], installed: list[str]) -> None:
     """Apply ``asked`` in the processes running now; say where their own stays."""
     kept = {"the scheduler": await client.run_on_scheduler(carried.apply_asked, asked)}
-    workers = await client.run(carried.apply_asked, asked, on_error="return")
+    workers = await client.run(carried.apply_asked, asked, workers=installed) if installed else {}
     kept.update({f"worker {address}": settings for address, settings in workers.items()})
     for where, settings in kept.items():
         if isinstance(settings, list) and settings:

@@ -19,15 +19,25 @@ from types import ModuleType
 
 from wrapt import register_post_import_hook
 
+from dask_otel import runtime
 from dask_otel.runtime import report_once
+from dask_otel.runtime_state import ProcessState
 
 logger = logging.getLogger(__name__)
 
-#: Whether this process wants dask-otel's patches: :func:`install` was called, and
-#: :func:`uninstall` not since.
-_wanted = False
-#: Whether they are applied (``distributed`` was imported while they were wanted).
-_applied = False
+
+class Patching(ProcessState):
+    """Whether this process wants dask-otel's patches of Dask, and whether they are in."""
+
+    def __init__(self) -> None:
+        #: :func:`install` was called, and :func:`uninstall` not since.
+        self.wanted = False
+        #: The patches are applied (``distributed`` was imported while they were wanted).
+        self.applied = False
+
+
+#: The one per process (a forked child keeps its parent's patches).
+patching = runtime.own(Patching())
 
 
 def when_imported(module: str, hook: Callable[[], None]) -> None:
@@ -48,32 +58,29 @@ def when_imported(module: str, hook: Callable[[], None]) -> None:
 def install() -> None:
     """Attach dask-otel to every Dask object created from now on (once ``distributed``
     is imported)."""
-    global _wanted
-    _wanted = True
+    patching.wanted = True
     when_imported("distributed", _apply)
 
 
 def is_installed() -> bool:
     """Whether :func:`install` was called, and :func:`uninstall` not since (hooks that
     run at once are called before the instrumentor counts as instrumented)."""
-    return _wanted
+    return patching.wanted
 
 
 def _apply() -> None:
-    global _applied
-    if _wanted and not _applied:  # install, uninstall, install before the import: once
+    if patching.wanted and not patching.applied:  # install, uninstall, install: once
         from dask_otel import patches
 
         patches.apply()
-        _applied = True
+        patching.applied = True
 
 
 def uninstall() -> None:
     """Leave Dask objects created from now on alone."""
-    global _wanted, _applied
-    _wanted = False
-    if _applied:
+    patching.wanted = False
+    if patching.applied:
         from dask_otel import patches
 
         patches.remove()
-        _applied = False
+        patching.applied = False

@@ -3,10 +3,10 @@
 Where its components get their tracer, meter and logger provider (a plugin object may be
 pickled and shipped to another process, so it never carries providers itself: it asks
 this module when it starts; the providers handed to ``DaskInstrumentor().instrument(...)``
-in this process win, otherwise the global ones); the one instance of each class of
-:mod:`dask_otel.runtime_state` (what the exports tell of the collector, the fork gate,
-the demand for metrics on a schedule); the one after-fork handler; the one exit handler;
-and what is said once.
+in this process win, otherwise the global ones); every other module's state, as the one
+instance of a :class:`~dask_otel.runtime_state.ProcessState` it holds (:func:`own`),
+forgets in a forked child (the one after-fork handler) and resets for tests
+(:func:`reset`); the one exit handler; and what is said once.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from opentelemetry import _logs, metrics, trace
 
-from dask_otel.runtime_state import ExportHealth, ForkGate, MetricDemand
+from dask_otel.runtime_state import ExportHealth, ForkGate, MetricDemand, ProcessState
 from dask_otel.version import __version__
 
 if TYPE_CHECKING:
@@ -77,39 +77,70 @@ NANNY_FLUSH = 1.5
 NANNY_EXIT = 0.5
 
 
-#: The one per process (a forked child inherits what its parent saw of the collector).
-health = ExportHealth()
-#: The one per process; it asks the process's :data:`health` (whichever it is now).
-fork_gate = ForkGate(lambda: health)
-#: The one per process.
-metric_demand = MetricDemand()
+#: Every piece of per-process state, in the order it was made (:func:`own`).
+_owned: list[ProcessState] = []
+
+State = TypeVar("State", bound=ProcessState)
 
 
-#: What the other modules of dask-otel forget in a forked child, in the order they asked.
-_forgetters: list[Callable[[], None]] = []
+def own(state: State) -> State:
+    """Hold ``state`` as this process's one instance of its kind: it is forgotten in every
+    forked child and reset by :func:`reset`, in the order owned (a module imported later
+    comes later)."""
+    _owned.append(state)
+    return state
 
 
-def forget_in_child(forget: Callable[[], None]) -> None:
-    """Call ``forget`` in each forked child, once this module forgot its parent's state:
-    dask-otel's one after-fork handler calls them all, in the order asked (a module
-    imported later forgets later)."""
-    _forgetters.append(forget)
+def reset() -> None:
+    """Forget what every piece of state counted and said so far, as a new process (tests:
+    one test's losses and warnings are not another's)."""
+    for state in _owned:
+        state.reset()
 
 
 def _after_fork_in_child() -> None:
-    global _lock
-    _lock = threading.Lock()  # report_once's, which a parent's thread may have held
-    health.forget_parent()
-    fork_gate.forget_parent()
-    metric_demand.forget_parent()
-    for forget in _forgetters:
+    for state in _owned:
         try:
-            forget()
+            state.forget_parent()
         except Exception:  # the next ones forget theirs all the same
-            report_once(logging.getLogger(__name__), "forgetting", "dask-otel: %r failed", forget)
+            report_once(logging.getLogger(__name__), "forgetting", "dask-otel: %r failed", state)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class Said(ProcessState):
+    """What this process has said once (:func:`first_time`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        #: The keys said so far.
+        self._keys: set[str] = set()
+
+    def first_time(self, key: str) -> bool:
+        with self._lock:
+            if key in self._keys:
+                return False
+            self._keys.add(key)
+            return True
+
+    def forget_parent(self) -> None:
+        self._lock = threading.Lock()  # the child has said what its parent said
+
+    def reset(self) -> None:
+        with self._lock:
+            self._keys.clear()
+
+
+#: The one per process.
+said = own(Said())
+#: The one per process (a forked child inherits what its parent saw of the collector).
+health = own(ExportHealth())
+#: The one per process; it asks the process's :data:`health`.
+fork_gate = own(ForkGate(lambda: health))
+#: The one per process.
+metric_demand = own(MetricDemand())
+
 
 #: What this process does at exit, stage by stage: build the telemetry still pending (the
 #: span emitters' backlog), then export it (the SDK's shutdown).
@@ -216,23 +247,10 @@ def _quietly(call: Callable[..., Any], kwargs: dict[str, Any]) -> None:
 
 # -- said once ------------------------------------------------------------------------
 
-_reported: set[str] = set()
-_lock = threading.Lock()
-
 
 def first_time(key: str) -> bool:
     """True the first time ``key`` comes up in this process: what is said once."""
-    with _lock:
-        if key in _reported:
-            return False
-        _reported.add(key)
-        return True
-
-
-def forget_said(*keys: str) -> None:
-    """Let ``keys`` come up as if for the first time again (tests of what is said once)."""
-    with _lock:
-        _reported.difference_update(keys)
+    return said.first_time(key)
 
 
 def settings_if_dask_imported() -> Settings | None:

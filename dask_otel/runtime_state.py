@@ -1,7 +1,8 @@
-"""The state classes behind dask-otel's background exports: what the exports tell of the
-collector (:class:`ExportHealth`), the work a fork must wait for (:class:`ForkGate`), and
-whether metrics are wanted on a schedule (:class:`MetricDemand`). :mod:`dask_otel.runtime`
-holds the one instance of each for the process, and forgets them in a forked child.
+"""What a piece of dask-otel's per-process state must answer (:class:`ProcessState`), and
+the state classes behind its background exports: what the exports tell of the collector
+(:class:`ExportHealth`), the work a fork must wait for (:class:`ForkGate`), and whether
+metrics are wanted on a schedule (:class:`MetricDemand`). :mod:`dask_otel.runtime` holds
+the one instance of each for the process, and forgets them in a forked child.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 #: A flush stops waiting once no export of dask-otel's has succeeded for this many
 #: seconds (a collector that is down or hung: its exporter retries for up to 10 s a batch);
@@ -29,6 +30,72 @@ GRACE = 0.1
 FORK_WAIT = 0.5
 
 
+class ProcessState:
+    """One concern's state in this process. :func:`dask_otel.runtime.own` holds the one
+    instance of each kind; every module-level mutable object of dask-otel is one, so that
+    one place forgets the parent's in a forked child and resets them for tests."""
+
+    def forget_parent(self) -> None:
+        """In a forked child: drop what belonged to the parent's threads and servers, and
+        make new locks (a thread of the parent's may have held one at the fork). What
+        stays valid in the child (providers, patches) stays."""
+
+    def reset(self) -> None:
+        """Forget what was counted and said so far, as in a process that just started
+        (tests call it through :func:`dask_otel.runtime.reset`, whatever runs). The
+        machinery (threads, patches, providers) is left as it is."""
+
+
+class Once(ProcessState):
+    """Something this process does once, and a forked child once again."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._done = False
+
+    def now(self) -> bool:
+        """True the first time it is asked; False from then on."""
+        if self._done:
+            return False
+        with self._lock:
+            done, self._done = self._done, True
+            return not done
+
+    def forget_parent(self) -> None:
+        self._lock = threading.Lock()
+        self._done = False
+
+    def reset(self) -> None:
+        self._done = False
+
+
+class _ForgetsParent(Protocol):
+    def forget_parent(self) -> None: ...
+
+
+Instance = TypeVar("Instance", bound=_ForgetsParent)
+
+
+class Instances(ProcessState, Generic[Instance]):
+    """The live instances of one of dask-otel's classes that run threads or hold locks
+    (export queues, metric readers, ...): in a forked child each forgets its parent's."""
+
+    def __init__(self) -> None:
+        #: Every live instance, kept no longer than others keep it.
+        self._live: weakref.WeakSet[Instance] = weakref.WeakSet()
+
+    def add(self, instance: Instance) -> None:
+        self._live.add(instance)
+
+    def __iter__(self) -> Iterator[Instance]:
+        """A snapshot: instances made or collected meanwhile do not disturb it."""
+        return iter(list(self._live))
+
+    def forget_parent(self) -> None:
+        for instance in self:
+            instance.forget_parent()
+
+
 class Outcome:
     """Of one export (see :meth:`ExportHealth.exporting`)."""
 
@@ -37,7 +104,7 @@ class Outcome:
         self.ok = False
 
 
-class ExportHealth:
+class ExportHealth(ProcessState):
     """What dask-otel's export queues last saw of the collector.
 
     Flushes ask it whether to keep waiting: a collector that takes batches keeps a flush
@@ -127,6 +194,11 @@ class ExportHealth:
         self._lock = threading.Lock()
         self._running = {}
 
+    def reset(self) -> None:
+        """Nothing seen of the collector yet."""
+        with self._lock:
+            self.last_success = self.last_failure = self.last_refusal = 0.0
+
     def patience(self) -> float:
         """How long a wait beginning now goes on without an export succeeding."""
         if self.stuck():
@@ -134,7 +206,7 @@ class ExportHealth:
         return GRACE if self.last_failure > self.last_success else self._limit()
 
 
-class ForkGate:
+class ForkGate(ProcessState):
     """Work a fork must not split: dask-otel's exports, and its metric readers'
     collections (which hold the SDK's locks).
 
@@ -218,7 +290,7 @@ class ForkGate:
         self._forks = 0
 
 
-class MetricDemand:
+class MetricDemand(ProcessState):
     """Whether this process has metrics to report on a schedule: while a scheduler, worker
     or Nanny of dask-otel's runs in it (each holds the demand from its start to its
     close), or a client it traces is open (from its first submission), and for good once

@@ -41,6 +41,21 @@ def cap(text: str, limit: int) -> str:
     return text if text.isascii() else _SURROGATES.sub("\ufffd", text)  # clean(), inline
 
 
+def cut_to_bytes(text: str, size: int) -> str:
+    """``text`` if its UTF-8 takes at most ``size`` bytes, else its longest start that
+    does with an ellipsis marking the cut, cut between characters (never inside one).
+    For room measured in bytes (a fixed slot of shared memory), where :func:`cap`
+    counts characters."""
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= size:
+        return text
+    mark = "\u2026" if size >= 3 else ""  # 3 bytes of UTF-8
+    end = size - len(mark) * 3
+    while end and data[end] & 0xC0 == 0x80:  # a continuation byte: inside a character
+        end -= 1
+    return data[:end].decode("utf-8", "surrogatepass") + mark
+
+
 #: A (dotted) Python name, as exception types are written.
 TYPE_NAME = r"([A-Za-z_][\w.]*)"
 #: The type at the start of the text Dask has of an exception (its repr or its str).

@@ -28,7 +28,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from otlp_receiver import OTLPReceiver, exporting_env
 
 import dask_otel
-from dask_otel import strings
+from dask_otel import runtime, strings
 
 HERE = Path(__file__).parent
 
@@ -61,6 +61,15 @@ def redaction_restored() -> Iterator[None]:
     yield
     strings.redaction.exception_messages = saved.exception_messages
     strings.redaction.log_bodies = saved.log_bodies
+
+
+@pytest.fixture
+def fresh_process() -> Iterator[None]:
+    """What this process counted and said before does not count in this test, nor what
+    the test counts and says in the others (the loss said once names the totals)."""
+    runtime.reset()
+    yield
+    runtime.reset()
 
 
 @pytest.fixture

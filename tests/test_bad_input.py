@@ -26,8 +26,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanContext, StatusCode, TraceFlags
 
 import dask_otel
-from dask_otel import runtime, strings
-from dask_otel.plugins import client as otel_client
+from dask_otel import strings
 from dask_otel.spans import errors, ids
 
 LIMIT = 256  # otel.max-attribute-length default
@@ -221,16 +220,7 @@ FOREIGN_ANNOTATIONS = [
 ]
 
 
-@pytest.fixture
-def fresh_annotation_warning():
-    runtime.forget_said(otel_client.ANNOTATION_WARNING)
-    yield
-    runtime.forget_said(otel_client.ANNOTATION_WARNING)
-
-
-def test_a_users_otel_annotation_is_replaced_with_one_warning(
-    telemetry, caplog, fresh_annotation_warning
-):
+def test_a_users_otel_annotation_is_replaced_with_one_warning(telemetry, caplog, fresh_process):
     caplog.set_level(logging.WARNING, logger="dask_otel")
     with in_process_cluster() as client:
         for i, value in enumerate(FOREIGN_ANNOTATIONS):

@@ -191,6 +191,30 @@ def test_an_unknown_exporter_is_one_line(tmp_path):
     assert line.endswith("; or none). Telemetry is off in this process.")
 
 
+def test_an_unknown_sampler_is_one_line_and_untraced(tmp_path):
+    """The SDK would trace everything with its default sampler, warning at each tracer
+    provider: as for an unknown exporter, one line, and the process runs untraced."""
+    env = clean_env(OTEL_TRACES_SAMPLER="nonsense", OTEL_TRACES_EXPORTER="console")
+    job = textwrap.dedent(
+        """
+        from distributed import Client, LocalCluster
+        with LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as cluster:
+            with Client(cluster) as client:
+                print(client.submit(lambda x: x + 1, 1).result())
+        """
+    )
+    out = run([*INSTRUMENT, sys.executable, "-c", job], env, tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "2\n"  # no span printed by the console exporter
+    (line,) = [line for line in problem_lines(out.stderr) if "sampler" in line.lower()]
+    assert line == (
+        "dask-otel: cannot configure OpenTelemetry: OTEL_TRACES_SAMPLER=nonsense names nothing "
+        "installed (installed: always_off, always_on, parentbased_always_off, "
+        "parentbased_always_on, parentbased_traceidratio, traceidratio). Telemetry is off in "
+        "this process."
+    )
+
+
 def test_every_key_of_the_defaults_is_known():
     """The keys the closest-match search offers are the ones README documents."""
     assert "otel.task.max-spans-per-graph" in KEYS and "otel.spans.tasks" in KEYS

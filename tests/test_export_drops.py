@@ -20,7 +20,6 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from dask_otel import runtime
 from dask_otel.export import drops, processors
 
 
@@ -44,14 +43,8 @@ class FailingExporter(SpanExporter):
 
 
 @pytest.fixture
-def fresh_warning():
+def fresh_warning(fresh_process):
     """Let this test's losses be reported as if for the first time in the process."""
-    keys = {"dropped traces", "dropped logs"}
-    drops.warned.difference_update(keys)
-    runtime.forget_said(*keys)
-    yield
-    drops.warned.difference_update(keys)
-    runtime.forget_said(*keys)
 
 
 def test_full_queue_and_failed_export_are_counted_and_said_once(monkeypatch, caplog, fresh_warning):

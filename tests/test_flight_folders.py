@@ -18,7 +18,8 @@ from distributed import Client
 from otlp_receiver import OTLPReceiver
 from test_flight import run_child
 
-from dask_otel.signals import flight, flight_folders, flight_labels
+from dask_otel.export import drops
+from dask_otel.postmortem import flight_recorder, folders, labels
 from dask_otel.spans import emitter
 
 OTHER_USER = 4242
@@ -34,15 +35,15 @@ def machine(tmp_path, monkeypatch) -> Path:
     return tmp_path
 
 
-def dead_nannys_folder(name: str, spans: int, label: flight_labels.Label | None) -> Path:
+def dead_nannys_folder(name: str, spans: int, label: labels.Label | None, **child) -> Path:
     """The directory a SIGKILLed Nanny left, with its SIGKILLed worker's recorder holding
-    ``spans`` unexported spans."""
-    folder = flight_folders.root() / name
+    ``spans`` unexported spans (``child``: more of what the worker did, see ``run_child``)."""
+    folder = folders.root() / name
     folder.mkdir(parents=True, mode=0o700)
-    flight_folders.root().chmod(0o700)
-    run_child(folder, spans=spans)
+    folders.root().chmod(0o700)
+    run_child(folder, spans=spans, **child)
     if label is not None:
-        flight_labels.write(folder, label)
+        labels.write(folder, label)
     return folder
 
 
@@ -53,31 +54,31 @@ def sent_by_a_new_nanny(telemetry) -> list[str]:
         return sorted(s.name for s in telemetry.spans("span "))
 
 
-def here() -> flight_labels.Label:
-    return flight_labels.Label(flight_labels.destination())
+def here() -> labels.Label:
+    return labels.Label(labels.destination())
 
 
 def test_a_label_adopts_its_cluster_and_its_destination_only():
-    mine = flight_labels.Label("collector-a", "Scheduler-a")
-    assert mine.adopts(flight_labels.Label("collector-a"))
-    assert mine.adopts(flight_labels.Label("collector-b", "Scheduler-a"))
-    assert not mine.adopts(flight_labels.Label("collector-b", "Scheduler-b"))
-    assert not mine.adopts(flight_labels.Label("collector-b"))
+    mine = labels.Label("collector-a", "Scheduler-a")
+    assert mine.adopts(labels.Label("collector-a"))
+    assert mine.adopts(labels.Label("collector-b", "Scheduler-a"))
+    assert not mine.adopts(labels.Label("collector-b", "Scheduler-b"))
+    assert not mine.adopts(labels.Label("collector-b"))
     assert not mine.adopts(None)
 
 
 def test_the_destination_is_the_exporter_settings(monkeypatch):
-    before = flight_labels.destination()
+    before = labels.destination()
     monkeypatch.setenv("OTEL_SERVICE_NAME", "not a destination")
-    assert flight_labels.destination() == before
+    assert labels.destination() == before
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://collector-b:4317")
-    assert flight_labels.destination() != before
+    assert labels.destination() != before
 
 
 def test_only_remains_that_go_where_this_nanny_exports_are_sent(machine, telemetry):
     """Another cluster's dead Nanny exported elsewhere: its worker's spans stay where they
     are, for a Nanny of that cluster; an unlabelled directory is nobody's."""
-    other = dead_nannys_folder("aaaaaaaaaaaaaaaa", 4, flight_labels.Label("elsewhere", "A"))
+    other = dead_nannys_folder("aaaaaaaaaaaaaaaa", 4, labels.Label("elsewhere", "A"))
     unlabelled = dead_nannys_folder("bbbbbbbbbbbbbbbb", 2, None)
     same = dead_nannys_folder("cccccccccccccccc", 3, here())
     assert sent_by_a_new_nanny(telemetry) == ["span 0", "span 1", "span 2"]
@@ -92,36 +93,36 @@ def test_a_planted_link_is_never_written_through(machine):
     folder = dead_nannys_folder("0123456789abcdef", 0, None)
     target = machine / "someone-elses-file"
     target.write_text("untouched")
-    for name in (flight_folders.OWNER, flight_folders.LABEL, "12345.flight"):
+    for name in (folders.OWNER, folders.LABEL, "12345.flight"):
         (folder / name).unlink(missing_ok=True)
         (folder / name).symlink_to(target)
-    mark = flight_folders.own(folder)
-    flight_labels.write(folder, here())
+    mark = folders.own(folder)
+    labels.write(folder, here())
     with pytest.raises(OSError):
-        flight.FlightRecorder(folder / "12345.flight", 1 << 20, 16)
+        flight_recorder.FlightRecorder(folder / "12345.flight", 1 << 20, 16)
     assert target.read_text() == "untouched"
-    assert flight_folders.mark_of(folder) == mark
-    assert flight_labels.read(folder) == here()
+    assert folders.mark_of(folder) == mark
+    assert labels.read(folder) == here()
 
 
 def test_a_directory_open_to_others_is_not_used(machine, telemetry):
-    root = flight_folders.root()
+    root = folders.root()
     root.mkdir(mode=0o700)
     root.chmod(0o777)  # as another user would make it, for everyone to plant files in
     with in_process_cluster(n_workers=1, processes=True, host="127.0.0.1") as client:
         assert client.submit(len, "abc").result() == 3
         assert list(root.iterdir()) == []  # no Nanny's directory, no worker's recorder
-    with pytest.raises(flight_folders.Foreign):
-        flight_folders.own(root / "0123456789abcdef")
+    with pytest.raises(folders.Foreign):
+        folders.own(root / "0123456789abcdef")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user takes root")
 def test_another_users_directory_is_not_used(machine):
-    root = flight_folders.root()
+    root = folders.root()
     root.mkdir(mode=0o700)
     os.chown(root, OTHER_USER, OTHER_USER)
-    with pytest.raises(flight_folders.Foreign):
-        flight_folders.own(root / "0123456789abcdef")
+    with pytest.raises(folders.Foreign):
+        folders.own(root / "0123456789abcdef")
 
 
 def test_what_is_not_a_recorder_is_skipped_and_the_rest_sent(machine, telemetry):
@@ -131,8 +132,8 @@ def test_what_is_not_a_recorder_is_skipped_and_the_rest_sent(machine, telemetry)
     (genuine,) = folder.glob("*.flight")
     (folder / "3999991.flight").write_bytes(os.urandom(1 << 17))
     forged = bytearray(genuine.read_bytes())
-    forged[flight.HEADER_SIZE + 4 : flight.HEADER_SIZE + 64] = os.urandom(60)
-    struct.pack_into("<I", forged, flight.HEADER_SIZE, 60)
+    forged[flight_recorder.HEADER_SIZE + 4 : flight_recorder.HEADER_SIZE + 64] = os.urandom(60)
+    struct.pack_into("<I", forged, flight_recorder.HEADER_SIZE, 60)
     (folder / "3999992.flight").write_bytes(forged)
     elsewhere = machine / "elsewhere.flight"
     elsewhere.write_bytes(genuine.read_bytes())
@@ -144,6 +145,16 @@ def test_what_is_not_a_recorder_is_skipped_and_the_rest_sent(machine, telemetry)
         os.chown(stranger, OTHER_USER, OTHER_USER)
     assert sent_by_a_new_nanny(telemetry) == ["span 0", "span 1", "span 2"]
     assert elsewhere.exists()
+
+
+def test_what_a_dead_workers_recorder_could_not_hold_is_counted_lost(
+    machine, telemetry, fresh_process
+):
+    """A span too large for the worker's recorder: the Nanny that sends the rest counts
+    it with this process's losses (``dask_otel.exporter.dropped``, said once)."""
+    dead_nannys_folder("eeeeeeeeeeeeeeee", 2, here(), big=2_000_000)
+    assert sent_by_a_new_nanny(telemetry) == ["span 0", "span 1"]
+    assert drops.dropped() == {("traces", "worker_died"): 1}
 
 
 def test_two_clusters_on_one_machine(processes):

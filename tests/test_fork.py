@@ -76,6 +76,8 @@ for i in range(int(sys.argv[1])):
         print(f"child {i}: {code}", flush=True)
         break
 stop.set()
+for thread in threads:  # a record of theirs made during the exit's drain would be lost
+    thread.join()
 """
 
 
@@ -184,7 +186,7 @@ for reason in range(1000):
 
 def read_forever():
     while True:
-        drops.warned.clear()  # read the counts each time
+        drops.losses.said.clear()  # read the counts each time
         drops.warn_dropped("traces")
 
 threading.Thread(target=read_forever, daemon=True).start()

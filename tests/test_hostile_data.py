@@ -28,7 +28,6 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, SpanContext, Status, StatusCode, TraceFlags
 
-from dask_otel import runtime
 from dask_otel.export import drops, processors
 
 SURROGATE = "cannot parse /data/caf\udce9.csv"
@@ -162,14 +161,10 @@ def test_megabyte_strings_in_every_field_of_many_spans(receiver, spans_to):
         assert len(span["status_message"]) <= 256 << 10
 
 
-def test_an_item_that_cannot_be_encoded_is_lost_alone(caplog, monkeypatch, request):
+def test_an_item_that_cannot_be_encoded_is_lost_alone(caplog, fresh_process):
     """A failure no check foresaw (here an exporter that raises on one span, as an
-    encoder would): the batch is halved until that span is alone."""
-    # Its loss is said in this test only, as if for the first time (and counted apart
-    # below: the loss said names the totals).
-    monkeypatch.setattr(drops, "warned", set())
-    runtime.forget_said("dropped traces")
-    request.addfinalizer(lambda: runtime.forget_said("dropped traces"))
+    encoder would): the batch is halved until that span is alone. Its loss is said in this
+    test only, as if for the first time (the loss said names the totals)."""
 
     class Choking(InMemorySpanExporter):
         def export(self, spans):
@@ -182,13 +177,12 @@ def test_an_item_that_cannot_be_encoded_is_lost_alone(caplog, monkeypatch, reque
     processor = processors.span_processor(exporter, schedule_delay_millis=60_000)
     provider.add_span_processor(processor)
     tracer = provider.get_tracer("user")
-    with drops.counted_apart():
-        before = Counter(drops.dropped())
-        for i in range(NEIGHBOURS):
-            tracer.start_span("poison" if i == 37 else f"neighbour {i}").end()
-        assert processor.force_flush(30_000)
-        assert len(exporter.get_finished_spans()) == NEIGHBOURS - 1
-        assert Counter(drops.dropped()) - before == {("traces", "export_failed"): 1}
+    before = Counter(drops.dropped())
+    for i in range(NEIGHBOURS):
+        tracer.start_span("poison" if i == 37 else f"neighbour {i}").end()
+    assert processor.force_flush(30_000)
+    assert len(exporter.get_finished_spans()) == NEIGHBOURS - 1
+    assert Counter(drops.dropped()) - before == {("traces", "export_failed"): 1}
     assert "could not be exported and was dropped alone" in caplog.text
     provider.shutdown()
 

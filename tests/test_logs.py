@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import gc
+import json
 import logging
+import os
+import subprocess
+import sys
+import textwrap
 import weakref
 
 import pytest
@@ -76,17 +81,52 @@ def log_badly(x: int) -> int:
     return x
 
 
-def test_a_record_that_cannot_be_formatted_fails_no_task(
-    telemetry, cluster_client, capsys, monkeypatch
-):
-    """As with plain logging, a bad format string is reported (``handleError``), never
-    raised into the task that logged it."""
+def test_a_record_that_cannot_be_formatted_fails_no_task(telemetry, cluster_client, monkeypatch):
+    """As with plain logging, a bad format string is never raised into the task that
+    logged it; the record is exported, its message unformatted."""
     root = logging.getLogger()
     # pytest's own capturing handlers raise what they cannot format: not what users run.
     kept = [h for h in root.handlers if not isinstance(h, LogCaptureHandler)]
     monkeypatch.setattr(root, "handlers", kept)
     assert cluster_client.submit(log_badly, 7).result() == 7
-    assert "--- Logging error ---" in capsys.readouterr().err
+    (record,) = records(telemetry, lambda r: "items" in str(r.body))
+    assert record.body == "'%d items' % ('not a number',)"
+
+
+#: A process that logs a record Dask's stderr handler cannot format; ``--instrument``:
+#: with dask-otel exporting logs to the console (stdout).
+BAD_RECORD = textwrap.dedent(
+    """
+    import logging, sys
+    if "--instrument" in sys.argv:
+        import dask_otel
+        dask_otel.instrument()
+    import distributed  # its stderr handler on the "distributed" logger
+    logging.getLogger("distributed").info("%d items", "x")
+    """
+)
+
+
+def test_a_record_that_cannot_be_formatted_is_reported_once_as_plain():
+    """Python reports the error once per handler that formats the record: dask-otel's
+    export adds no report of its own, and exports the record, its message unformatted."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env.update(OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none")
+    runs = {
+        way: subprocess.run(
+            [sys.executable, "-c", BAD_RECORD, *args],
+            env={**env, "OTEL_LOGS_EXPORTER": "console"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        for way, args in (("plain", []), ("instrumented", ["--instrument"]))
+    }
+    for out in runs.values():
+        assert out.returncode == 0, out.stderr
+        assert out.stderr.count("--- Logging error ---") == 1, out.stderr
+    exported = json.loads(runs["instrumented"].stdout[runs["instrumented"].stdout.index("{") :])
+    assert exported["body"] == "'%d items' % ('x',)"
 
 
 def test_uninstall_puts_back_what_another_library_wrapped():

@@ -116,7 +116,7 @@ def _observed(dask_worker) -> tuple[list[str], dict[str, int]]:
     from dask_otel import identity
     from dask_otel.signals import metrics
 
-    return metrics.observed(), identity.clusters()
+    return metrics.observed(), identity.hosted.clusters()
 
 
 def test_a_forked_worker_reports_no_copy_of_its_parents_scheduler(telemetry):

@@ -9,11 +9,20 @@ the client is ``tests/scripts/workload.py``.
 from __future__ import annotations
 
 import json
+import operator
+import os
+import re
+import site
 import subprocess
 import sys
+import time
 
+import pytest
 from conftest import HERE, bin_path, otel_env, start_scheduler, start_worker
+from distributed import Client
 from traces import by_trace, orphans
+
+import dask_otel
 
 
 def run_workload(processes, env, address: str, instrumented: bool) -> str:
@@ -133,3 +142,81 @@ def test_an_instrumented_client_with_a_plain_cluster(receiver, processes):
     assert {s["name"] for s in receiver.spans()} == names
     assert len(by_trace(receiver.spans(name="compute slow_inc"))) == 1
     assert_no_complaints(stderr + processes.logs(), said=NO_SCHEDULER_PLUGIN)
+
+
+def site_packages_without_dask_otel(root) -> list[str]:
+    """Each site-packages directory as a shadow of symlinks under ``root``: every entry
+    but dask-otel's own (package, metadata, editable-install hooks), so that a regular
+    ``pip install .`` is as absent there as an editable one."""
+    shadows = []
+    for index, directory in enumerate(site.getsitepackages()):
+        shadow = root / f"site-packages-{index}"
+        shadow.mkdir(parents=True, exist_ok=True)
+        for entry in os.scandir(directory):
+            if not OWN_ENTRY.match(entry.name) and not (shadow / entry.name).exists():
+                (shadow / entry.name).symlink_to(entry.path)
+        shadows.append(str(shadow))
+    return shadows
+
+
+#: The names of dask-otel's entries in site-packages, however it was installed.
+OWN_ENTRY = re.compile(r"(__editable__[._])?dask_otel([-._].*)?$", re.IGNORECASE)
+
+
+def start_worker_without_dask_otel(processes, env, address: str, name: str):
+    """A one-thread ``dask worker`` (with a Nanny) in which ``import dask_otel`` fails,
+    as on a host where it is not installed (``tests/scripts/without_dask_otel.py``)."""
+    shadows = site_packages_without_dask_otel(processes.tmp_path / "without-dask-otel")
+    env = {**env, "SITE_PACKAGES": os.pathsep.join(shadows)}
+    command = [sys.executable, "-S", str(HERE / "scripts" / "without_dask_otel.py"), address]
+    command += ["--host", "127.0.0.1", "--nthreads", "1", "--no-dashboard", "--name", name]
+    return processes.start(command, env, name)
+
+
+#: What the client says, once for each process, of one where dask-otel is not installed.
+NOT_INSTALLED = "runs without dask-otel (not installed there)"
+
+
+@pytest.mark.timeout(240)
+def test_workers_where_dask_otel_is_not_installed(receiver, processes, telemetry, capsys):
+    """``instrument(client)`` with a worker that cannot import dask-otel, and one such
+    worker that joins later: both start and compute as plain, and the client says once
+    for each of these processes that it runs untraced."""
+
+    def _dask_otel_importable() -> bool:  # local: pickled by value
+        import importlib.util
+
+        return importlib.util.find_spec("dask_otel") is not None
+
+    env = otel_env(receiver)
+    address = start_scheduler(processes, env)
+    start_worker_without_dask_otel(processes, env, address, "before")
+    with Client(address, timeout=60) as client:
+        client.wait_for_workers(1, timeout=60)
+        (importable,) = client.run(_dask_otel_importable).values()
+        assert importable is False  # the arrangement holds in the worker process
+        dask_otel.instrument(client)
+        start_worker_without_dask_otel(processes, env, address, "after")
+        client.wait_for_workers(2, timeout=60)
+        workers = {w["name"]: a for a, w in client.scheduler_info()["workers"].items()}
+        for name in ("before", "after"):
+            futures = client.map(operator.add, range(4), [1] * 4, workers=[workers[name]])
+            assert client.gather(futures) == [1, 2, 3, 4]
+        assert set(client.run(_dask_otel_importable).values()) == {False}
+
+        said = []  # the events of the Nanny and the worker that joined later come late
+        deadline = time.monotonic() + 30
+        while len(said) < 4 and time.monotonic() < deadline:
+            said += [line for line in capsys.readouterr().err.splitlines() if NOT_INSTALLED in line]
+            time.sleep(0.2)
+        time.sleep(1)  # and nothing more after the four
+        said += [line for line in capsys.readouterr().err.splitlines() if NOT_INSTALLED in line]
+    # "dask-otel: the worker ADDRESS runs without ...": each process of the two, once.
+    told = sorted((line.split()[2], line.split()[3]) for line in said)
+    assert [role for role, _ in told] == ["nanny", "nanny", "worker", "worker"], said
+    assert {address for role, address in told if role == "worker"} == set(workers.values())
+    assert len({address for _, address in told}) == 4, said
+    logs = processes.logs()
+    assert "nanny-start-failed" not in logs, logs
+    assert "Traceback (most recent call last)" not in logs, logs
+    assert not receiver.spans(name="task add")

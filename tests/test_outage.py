@@ -32,13 +32,17 @@ from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics._internal.exceptions import MetricsTimeoutError
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.metrics.export import (
+    InMemoryMetricReader,
+    MetricExporter,
+    MetricExportResult,
+)
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from otlp_receiver import UNANSWERED, closed_port, unanswered
 
 from dask_otel import runtime, runtime_state
-from dask_otel.export import drops, processors
+from dask_otel.export import abandon, drops, metric_readers, processors
 
 #: No stop waits for what the collector does not answer: well under this (before, a
 #: 60 s flush timeout let a process wait out its exporters' retries, 10 s a batch).
@@ -223,13 +227,10 @@ class Slow(SpanExporter):
 
 
 @pytest.fixture
-def fresh_health(monkeypatch):
+def fresh_health(fresh_process):
     """What other tests in this process saw of their collectors, and lost, does not count
     here; what this test loses is not counted for the others (the loss said once names the
     process's totals: test_export_drops checks them)."""
-    monkeypatch.setattr(runtime, "health", runtime_state.ExportHealth())
-    with drops.counted_apart():
-        yield
 
 
 def traced(exporter, **options):
@@ -608,3 +609,38 @@ def test_a_users_metrics_are_exported_on_schedule_without_dask(receiver, command
         finally:
             process.communicate("", timeout=60)
     assert process.returncode == 0
+
+
+class ChannelClosed(MetricExporter):
+    """A metric exporter whose call finds its channel closed, as one the abandon logic cut
+    does (gRPC raises ``ValueError: Cannot invoke RPC on closed channel!``)."""
+
+    def export(self, metrics_data, timeout_millis: float = 10_000, **kwargs):
+        raise ValueError("Cannot invoke RPC on closed channel!")
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:
+        pass
+
+
+class Server:
+    """Holds the metric demand as a Dask server does, from its start to its close."""
+
+
+def test_a_metric_export_cut_while_exports_are_given_up_fails_quietly(fresh_process):
+    """Once exports are given up (the collector down, nothing of Dask's running here), a
+    metric export whose channel was closed under it fails without raising: the SDK's
+    reader logged it with a traceback on a closing scheduler's stderr
+    (tests/test_faults.py::test_collector_unreachable_from_the_start). Before that, the
+    error is the exporter's to raise."""
+    server = Server()
+    runtime.metric_demand.hold(server, lambda held: True)
+    runtime.metric_demand.release(server)
+    watched = metric_readers._WatchedMetricExporter(ChannelClosed(), reader=None)
+    with pytest.raises(ValueError):
+        watched.export(None)
+    runtime.health.attempt_failed()
+    assert abandon.abandoned()
+    assert watched.export(None) == MetricExportResult.FAILURE

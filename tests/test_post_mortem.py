@@ -33,10 +33,11 @@ from conftest import (
 from distributed.diagnostics.plugin import NannyPlugin
 from distributed.scheduler import KilledWorker
 from opentelemetry.trace import StatusCode
+from span_checks import assert_no_orphans
 from test_flight import run_child
 
 import dask_otel
-from dask_otel.signals import flight_folders, flight_labels
+from dask_otel.postmortem import folders, labels
 from dask_otel.spans import emitter
 from dask_otel.tools.report import render
 from dask_otel.tools.summary import summarize
@@ -251,6 +252,71 @@ def test_nanny_in_this_process_explains_each_death(telemetry, monkeypatch, task,
     assert all(s.status.status_code is StatusCode.ERROR for s in died)
 
 
+def exit_after(started: str, marker: str) -> None:
+    """A task that touches ``started``, then ends its worker process once ``marker``
+    exists."""
+    Path(started).touch()
+    while not Path(marker).exists():
+        time.sleep(0.01)
+    os._exit(3)
+
+
+def touch_and_wait(marker: str) -> None:
+    Path(marker).touch()
+    time.sleep(60)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "数据" * 60 + "-1",  # 362 bytes of UTF-8, its prefix 360: more than a slot holds
+        "exit-" + "x" * 240,  # longer than the slot keeps whole (with its prefix)
+        "exit-" + "x" * 400,  # longer than otel.max-attribute-length
+    ],
+    ids=["wide", "long", "longer-than-an-attribute"],
+)
+def test_a_long_key_keeps_its_post_mortem(tmp_path, telemetry, monkeypatch, key):
+    """An attempt's key and prefix of any length, beside another attempt (the next slot
+    of the recorder): the death record names both keys (cut to fit, marked), each
+    ``died`` span lies under the graph and links the scheduler's ``attempt`` span, and
+    the Nanny leaves no recorder behind."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # this test's Nannies only
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    for name in ("TRACES", "METRICS", "LOGS"):  # worker processes export nowhere
+        monkeypatch.setenv(f"OTEL_{name}_EXPORTER", "none")
+    started, marker = str(tmp_path / "started"), str(tmp_path / "both-running")
+    with (
+        dask.config.set({"distributed.scheduler.allowed-failures": 0}),
+        in_process_cluster(
+            n_workers=1, threads_per_worker=2, processes=True, host="127.0.0.1"
+        ) as client,
+    ):
+        long = client.submit(exit_after, started, marker, key=key)
+        while not Path(started).exists():  # the recorder's first slot is the long key's
+            time.sleep(0.01)
+        other = client.submit(touch_and_wait, marker, key="other-1")
+        for future in (long, other):
+            with pytest.raises(KilledWorker):
+                future.result(timeout=120)
+        client.wait_for_workers(1, timeout=120)
+        flush_emitters(client)
+    assert emitter.shared().flush(10)
+
+    (death,) = [r for r in telemetry.logs() if r.event_name == "dask.worker.died"]
+    (recorded,) = [k for k in death.attributes["dask.task.keys"] if k != "other-1"]
+    # Whole, or cut where it had to be (with an ellipsis), at most an attribute's length.
+    assert key.startswith(recorded.removesuffix("…"))
+    assert recorded.endswith("…") == (recorded != key) and len(recorded) <= 256
+    attempts = telemetry.spans("attempt ")
+    died = telemetry.spans("died ")
+    assert len(attempts) == len(died) == 2
+    linked = sorted(link.context.span_id for s in died for link in s.links)
+    assert linked == sorted(a.context.span_id for a in attempts)
+    assert {s.parent.span_id for s in died} == {a.parent.span_id for a in attempts}
+    assert_no_orphans(telemetry.spans())
+    assert list(folders.root().iterdir()) == []  # the dead worker's recorder read, removed
+
+
 def sleep_then_return(marker: str, seconds: float = 5) -> str:
     Path(marker).touch()
     time.sleep(seconds)
@@ -390,12 +456,12 @@ def test_a_nanny_cleans_up_after_one_that_is_gone(tmp_path, telemetry, monkeypat
     monkeypatch.setattr(tempfile, "tempdir", None)
     for name in ("TRACES", "METRICS", "LOGS"):  # worker processes export nowhere
         monkeypatch.setenv(f"OTEL_{name}_EXPORTER", "none")
-    orphan = flight_folders.root() / "0123456789abcdef"
+    orphan = folders.root() / "0123456789abcdef"
     orphan.mkdir(parents=True, mode=0o700)
-    flight_folders.root().chmod(0o700)
+    folders.root().chmod(0o700)
     run_child(orphan, spans=5)  # marks the directory as its own, dies with 5 spans queued
     # as a Nanny of a cluster that exports where this one does labels it
-    flight_labels.write(orphan, flight_labels.Label(flight_labels.destination()))
+    labels.write(orphan, labels.Label(labels.destination()))
     with in_process_cluster(n_workers=1, processes=True, host="127.0.0.1") as client:
         assert client.submit(len, "abc").result() == 3
         assert emitter.shared().flush(10)
@@ -403,4 +469,4 @@ def test_a_nanny_cleans_up_after_one_that_is_gone(tmp_path, telemetry, monkeypat
     assert sorted(s.name for s in sent) == [f"span {i}" for i in range(5)]
     assert {s.resource.attributes["service.name"] for s in sent} == {"dask-worker"}
     assert not orphan.exists()
-    assert list(flight_folders.root().iterdir()) == []  # this test's Nanny cleaned up after itself
+    assert list(folders.root().iterdir()) == []  # this test's Nanny cleaned up after itself

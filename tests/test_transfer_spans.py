@@ -3,9 +3,10 @@ traces of the tasks they served, within those tasks' spans."""
 
 from __future__ import annotations
 
+import pytest
 from conftest import flush_emitters
 from opentelemetry.trace import SpanKind
-from span_checks import cluster_and_client, inc, only
+from span_checks import assert_no_orphans, cluster_and_client, fail, inc, only
 
 # -- transfers ------------------------------------------------------------------------------
 
@@ -56,3 +57,35 @@ def test_a_transfer_serving_one_task_links_to_nothing(telemetry):
     assert transfer.attributes["dask.transfer.keys"] == 2
     assert transfer.parent.span_id == only(spans, "task z").context.span_id
     assert not transfer.links
+
+
+@pytest.mark.parametrize(
+    "keys", [((1, 2), (3, 4)), (((1, 2), "a"), ((3, 4), "b")), (("x", 1), ("y", 1))]
+)
+def test_keys_of_any_type_keep_the_transfer_under_its_task(telemetry, keys):
+    """Tuple keys whose first element is not a string (an int, a tuple): the task spans
+    are built, their group named as the scheduler names it, and the transfer and its
+    request keep their parents."""
+    with cluster_and_client() as (_, client):
+        a, b = sorted(client.scheduler_info()["workers"])
+        x = client.submit(inc, 1, workers=[a], key=keys[0])
+        y = client.submit(inc, x, workers=[b], key=keys[1])
+        assert y.result() == 3
+        groups = client.run_on_scheduler(
+            lambda dask_scheduler: {
+                str(k): str(ts.group.name) for k, ts in dask_scheduler.tasks.items()
+            }
+        )
+        with pytest.raises(ValueError):  # its task span is the scheduler's
+            client.submit(fail, 1, key=(keys[0][0], "failed")).result()
+        flush_emitters(client)
+
+    spans = telemetry.spans()
+    tasks = [s for s in spans if s.name.startswith("task ")]
+    failed = str((keys[0][0], "failed"))
+    assert {s.attributes["dask.task.key"]: s.attributes["dask.task.group"] for s in tasks} == {
+        **groups,
+        failed: str(keys[0][0]),
+    }
+    assert only(spans, "transfer").parent.span_id in {s.context.span_id for s in tasks}
+    assert_no_orphans(spans)

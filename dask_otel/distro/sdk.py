@@ -44,7 +44,7 @@ from opentelemetry.sdk.resources import Resource
 
 from dask_otel import runtime
 from dask_otel.environment import FILE_EXPORT_DIR
-from dask_otel.export.drops import NOUNS, register_dropped_counter, warned
+from dask_otel.export.drops import NOUNS, losses, register_dropped_counter
 from dask_otel.export.metric_readers import (
     metric_exporters,
     note_foreign_meters,
@@ -55,6 +55,7 @@ from dask_otel.export.processors import counting_processors
 from dask_otel.export.processors import span_processor as span_processor  # as README says
 from dask_otel.export.queues import export_queues, unexported
 from dask_otel.runtime import say_once
+from dask_otel.runtime_state import ProcessState
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +102,24 @@ class _Owned:
     role: str | None
 
 
-_owned: _Owned | None = None
+class Configuration(ProcessState):
+    """What configuring the SDK from ``OTEL_*`` did in this process."""
+
+    def __init__(self) -> None:
+        #: The providers dask-otel configured, if it did.
+        self.owned: _Owned | None = None
+        #: Why configuring failed, if it did: the process runs untraced, and no later entry
+        #: point (a client's every submission) tries again.
+        self.failure: Exception | None = None
+
+    def forget_parent(self) -> None:
+        """A forked child (a Nanny's worker, say) has yet to say what it is."""
+        if self.owned is not None:
+            self.owned.role = None
+
+
+#: The one per process.
+configuration = runtime.own(Configuration())
 
 
 def infer_role(argv: list[str]) -> str | None:
@@ -150,16 +168,10 @@ def _host_name() -> dict[str, str]:
     return {} if _user_set("host.name") else {"host.name": socket.gethostname()}
 
 
-#: Why configuring from ``OTEL_*`` failed in this process, if it did: the process runs
-#: untraced, and no later entry point (a client's every submission) tries again.
-_failure: Exception | None = None
-
-
 class DaskOtelConfigurator(_OTelSDKConfigurator):
     """``opentelemetry_configurator`` entry point: the SDK, configured for a Dask process."""
 
     def _configure(self, **kwargs):  # type: ignore[no-untyped-def]
-        global _owned
         # Before the instrumentors load, SDK disabled or not: the logging instrumentation
         # (installed with dask-otel) would put its handler on the root logger, which turns
         # off what Python prints when nothing is configured (its last resort, and the
@@ -183,6 +195,7 @@ class DaskOtelConfigurator(_OTelSDKConfigurator):
         for name, factory in counting_processors().items():
             kwargs.setdefault(name, factory)
         try:
+            _check_sampler()
             directory = os.environ.get(FILE_EXPORT_DIR)
             if directory:
                 kwargs["exporter_args_map"] = _file_exporter_streams(directory)
@@ -191,8 +204,7 @@ class DaskOtelConfigurator(_OTelSDKConfigurator):
         except Exception as e:
             # Raised here, opentelemetry-instrument would print it and load no
             # instrumentor at all: say what is wrong once, and let the process run.
-            global _failure
-            _failure = e
+            configuration.failure = e
             configuration_failed(e)
             return
         register_dropped_counter()
@@ -203,7 +215,7 @@ class DaskOtelConfigurator(_OTelSDKConfigurator):
             metrics.get_meter_provider(),
             _logs.get_logger_provider(),
         )
-        _owned = _Owned(providers, role)
+        configuration.owned = _Owned(providers, role)
         runtime.at_exit("export", _shutdown_at_exit)
 
 
@@ -217,15 +229,16 @@ def _shutdown_at_exit() -> None:
     Here the wait also ends once the collector has answered nothing for a moment
     (``runtime.health``): at once, nearly, when the last export had already failed.
     """
-    if _owned is None:
+    owned = configuration.owned
+    if owned is None:
         return
-    for provider in _owned.providers:
+    for provider in owned.providers:
         atexit.unregister(provider.shutdown)  # the SDK's handler; a second call only warns
     settings = runtime.settings_if_dask_imported()
     timeout = 5.0 if settings is None else settings.flush_timeout  # 5 s: its default
     if runtime.exit_limit is not None:
         timeout = min(timeout, runtime.exit_limit)
-    runtime.shutdown(runtime.Providers(*_owned.providers), timeout)  # type: ignore[arg-type]
+    runtime.shutdown(runtime.Providers(*owned.providers), timeout)  # type: ignore[arg-type]
     # If the shutdown gave up: no request left open for the interpreter's exit to wait on.
     # In a thread, waited for boundedly: a channel that a fork split may never close.
     stopping = threading.Thread(target=_stop_exporters, name="dask-otel-stop", daemon=True)
@@ -237,7 +250,7 @@ def _shutdown_at_exit() -> None:
         stopping.join(STOP_TIMEOUT)
     _say_loss()
     # Said: the exporters' threads, which may still end a batch in failure, say no more.
-    warned.update(f"dropped {signal}" for signal in NOUNS)
+    losses.said.update(NOUNS)
 
 
 def _stop_exporters() -> None:
@@ -302,7 +315,8 @@ class _RoleFile:
         self.closed = False
 
     def _wanted(self) -> str:
-        role = _owned.role if _owned is not None and _owned.role else _program()
+        owned = configuration.owned
+        role = owned.role if owned is not None and owned.role else _program()
         name = f"{self._signal}-{role}-{socket.gethostname()}-{os.getpid()}.jsonl"
         return os.path.join(self._directory, name)
 
@@ -343,39 +357,79 @@ def forked_from_helper() -> bool:
 
 
 def _helper_pid() -> int | None:
+    """The helper's pid, in the helper or in a process forked from it, which shares its
+    command line (and imports dask-otel after the fork, as the worker's plugin is
+    unpickled)."""
     argv = getattr(sys, "orig_argv", [])
     code = argv[argv.index("-c") + 1] if "-c" in argv[:-1] else ""
     helper = "multiprocessing.resource_tracker" in code or "multiprocessing.forkserver" in code
-    return os.getpid() if helper else None
+    if not helper:
+        return None
+    return os.getppid() if _served_by_forkserver() else os.getpid()
+
+
+def _served_by_forkserver() -> bool:
+    """Whether this process is one the forkserver forked: it set the descriptor that
+    tells its children whether it is alive (``None`` in the forkserver itself)."""
+    forkserver = sys.modules.get("multiprocessing.forkserver")
+    server = getattr(forkserver, "_forkserver", None)
+    return getattr(server, "_forkserver_alive_fd", None) is not None
 
 
 #: This process's pid if it is one of Python's multiprocessing helpers.
 _HELPER_PID = _helper_pid()
 
 
+#: The entry-point group of the SDK's samplers (its own and other packages').
+_SAMPLERS = "opentelemetry_traces_sampler"
 #: The variable that chooses the component of each entry-point group the SDK loads.
 _COMPONENT_VARIABLES = {
     "opentelemetry_traces_exporter": "OTEL_TRACES_EXPORTER",
     "opentelemetry_metrics_exporter": "OTEL_METRICS_EXPORTER",
     "opentelemetry_logs_exporter": "OTEL_LOGS_EXPORTER",
     "opentelemetry_id_generator": "OTEL_PYTHON_ID_GENERATOR",
+    _SAMPLERS: "OTEL_TRACES_SAMPLER",
 }
 _UNKNOWN_COMPONENT = re.compile(r"Requested component '(.*)' not found in entry point '(.*)'")
 
 
+class UnknownComponent(LookupError):
+    """An ``OTEL_*`` variable names a component (``name``) that no installed package
+    provides in its entry-point ``group``."""
+
+    def __init__(self, group: str, name: str) -> None:
+        super().__init__(group, name)
+        self.group = group
+        self.name = name
+
+
+def _check_sampler() -> None:
+    """Raise :class:`UnknownComponent` for an ``OTEL_TRACES_SAMPLER`` that names no
+    sampler: the SDK would trace everything with its default instead, warning at every
+    tracer provider it makes, where an unknown exporter stops it."""
+    name = os.environ.get("OTEL_TRACES_SAMPLER", "").strip()
+    known = {entry.name for entry in entry_points(group=_SAMPLERS)}
+    if name and name not in known and name.lower() not in known:
+        raise UnknownComponent(_SAMPLERS, name)
+
+
 def configuration_failed(error: Exception) -> None:
     """Say once, on one line of stderr, that a bad ``OTEL_*`` setting keeps this process
-    from exporting: the variable, its value and what is installed, when the SDK's error
-    tells (an exporter name that no installed package provides)."""
-    unknown = _UNKNOWN_COMPONENT.search(str(error))
-    group = unknown.group(2) if unknown else ""
-    if group in _COMPONENT_VARIABLES:
+    from exporting: the variable, its value and what is installed, when the error tells
+    (an exporter or sampler name that no installed package provides)."""
+    if not isinstance(error, UnknownComponent):
+        unknown = _UNKNOWN_COMPONENT.search(str(error))
+        if unknown is not None:
+            error = UnknownComponent(unknown.group(2), unknown.group(1))
+    if isinstance(error, UnknownComponent) and error.group in _COMPONENT_VARIABLES:
+        group = error.group
         installed = {entry.name for entry in entry_points(group=group)}
-        if group.endswith("_exporter"):
+        exporter = group.endswith("_exporter")
+        if exporter:
             installed.add("otlp")  # the SDK's own name for OTLP over OTEL_EXPORTER_OTLP_PROTOCOL
         problem = (
-            f"{_COMPONENT_VARIABLES[group]}={unknown.group(1)} names nothing installed "
-            f"(installed: {', '.join(sorted(installed))}; or none)"
+            f"{_COMPONENT_VARIABLES[group]}={error.name} names nothing installed "
+            f"(installed: {', '.join(sorted(installed))}{'; or none' if exporter else ''})"
         )
     else:
         problem = f"{type(error).__name__}: {error}"
@@ -390,9 +444,9 @@ def configure(role: str) -> bool:
     before the role was known; leaves other configurations alone.
     """
     if not runtime.is_configured():
-        if _failure is None:
+        if configuration.failure is None:
             DaskOtelConfigurator().configure(role=role)
-        return _failure is None
+        return configuration.failure is None
     name_process(role)
     return True  # by dask-otel, or by the user (after a failure of ours, too)
 
@@ -400,34 +454,25 @@ def configure(role: str) -> bool:
 def name_process(role: str) -> None:
     """Name the providers dask-otel configured before the role was known (a Nanny's
     child, say) after ``role``; anything else stays as it is."""
-    if _owned is not None and _owned.role is None:
-        _retag(role)
+    owned = configuration.owned
+    if owned is not None and owned.role is None:
+        _retag(owned, role)
 
 
 def owns_providers() -> bool:
     """Whether dask-otel configured this process's providers (not the user, nor nobody)."""
-    return _owned is not None
+    return configuration.owned is not None
 
 
-def _retag(role: str) -> None:
+def _retag(owned: _Owned, role: str) -> None:
     """Name the owned providers' resource after ``role``.
 
     The SDK merges a resource into its providers' own after a fork (that is how each
     process gets its ``service.instance.id``); the same merge names the role.
     """
-    assert _owned is not None
     update = Resource(_service_name(role))
-    for provider in _owned.providers:
+    for provider in owned.providers:
         merge = getattr(provider, "_update_resource", None)
         if merge is not None:
             merge(update)
-    _owned.role = role
-
-
-def _after_fork_in_child() -> None:
-    """A forked child (a Nanny's worker, say) has yet to say what it is."""
-    if _owned is not None:
-        _owned.role = None
-
-
-runtime.forget_in_child(_after_fork_in_child)
+    owned.role = role

@@ -14,12 +14,15 @@ answer a thread of its own looks as often, to cancel it.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from dask_otel import runtime
+from dask_otel.runtime_state import ProcessState
 
 #: Seconds between two looks, in an export, at whether to give it up.
 LOOK = 0.05
@@ -58,52 +61,69 @@ class _Stub:
         self._exporter = exporter
 
     def Export(self, request: Any, metadata: Any = None, timeout: float | None = None) -> Any:
-        call = object()
-        with _lock:
-            _calls[call] = self._exporter
-        try:
-            _watch()
+        with waiting.listed(self._exporter):
             return self._stub.Export(request=request, metadata=metadata, timeout=timeout)
-        finally:
-            with _lock:
-                del _calls[call]
 
 
-#: The exporter of each call waiting for an answer; the thread cancelling them.
-_calls: dict[object, Any] = {}
-_lock = threading.Lock()
-_canceller: threading.Thread | None = None
+class WaitingCalls(ProcessState):
+    """The OTLP/gRPC calls waiting for an answer, and the thread that cancels them if the
+    collector does not answer once nothing of Dask's runs in the process (it runs only
+    while calls wait)."""
 
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        #: The exporter of each call waiting for an answer.
+        self._calls: dict[object, Any] = {}
+        #: The thread cancelling them, while any waits.
+        self._canceller: threading.Thread | None = None
 
-def _watch() -> None:
-    """While calls wait for an answer, a thread that cancels them if the collector does
-    not answer once nothing of Dask's runs in the process; it ends when none waits."""
-    global _canceller
-    with _lock:
-        if not _calls or _canceller is not None:
-            return
-        canceller = threading.Thread(target=_cancel, name="dask-otel-abandon", daemon=True)
+    @contextlib.contextmanager
+    def listed(self, exporter: Any) -> Iterator[None]:
+        """A call of ``exporter`` waits for its answer while this lasts."""
+        call = object()
+        with self._lock:
+            self._calls[call] = exporter
         try:
-            canceller.start()
-        except RuntimeError:  # an interpreter's exit that refuses threads: bounded by its own
-            return
-        _canceller = canceller
+            self._watch()
+            yield
+        finally:
+            with self._lock:
+                del self._calls[call]
 
-
-def _cancel() -> None:
-    global _canceller
-    cut: set[object] = set()  # calls cancelled, while their threads list them still
-    while True:
-        time.sleep(LOOK)
-        with _lock:
-            waiting = dict(_calls)
-            if not waiting:
-                _canceller = None  # a call listed from now on starts another
+    def _watch(self) -> None:
+        with self._lock:
+            if not self._calls or self._canceller is not None:
                 return
-        if runtime.health.failing() and runtime.metric_demand.released():
-            for exporter in {waiting[call] for call in waiting.keys() - cut}:
-                _cut(exporter)
-            cut = set(waiting)
+            canceller = threading.Thread(target=self._cancel, name="dask-otel-abandon", daemon=True)
+            try:
+                canceller.start()
+            except RuntimeError:  # an interpreter's exit that refuses threads: bounded by its own
+                return
+            self._canceller = canceller
+
+    def _cancel(self) -> None:
+        cut: set[object] = set()  # calls cancelled, while their threads list them still
+        while True:
+            time.sleep(LOOK)
+            with self._lock:
+                calls = dict(self._calls)
+                if not calls:
+                    self._canceller = None  # a call listed from now on starts another
+                    return
+            if abandoned():
+                for exporter in {calls[call] for call in calls.keys() - cut}:
+                    _cut(exporter)
+                cut = set(calls)
+
+    def forget_parent(self) -> None:
+        """The parent's calls and canceller are not here."""
+        self._lock = threading.Lock()
+        self._calls = {}
+        self._canceller = None
+
+
+#: The one per process.
+waiting = runtime.own(WaitingCalls())
 
 
 def _cut(exporter: Any) -> None:
@@ -114,17 +134,6 @@ def _cut(exporter: Any) -> None:
         channel = exporter._channel
         exporter._initialize_channel_and_stub()
         channel.close()
-
-
-def _forget_parent() -> None:
-    """In a forked child: the parent's calls and canceller are not here."""
-    global _lock, _canceller
-    _lock = threading.Lock()
-    _calls.clear()
-    _canceller = None
-
-
-runtime.forget_in_child(_forget_parent)
 
 
 def abandonable(exporter: Any) -> None:

@@ -8,17 +8,16 @@ SDK's batch processors ignore it). dask-otel's export queues count both here, th
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from collections import Counter
-from collections.abc import Iterator
 
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from dask_otel import identity, runtime
 from dask_otel.runtime import report_once
+from dask_otel.runtime_state import ProcessState
 
 logger = logging.getLogger(__name__)
 
@@ -30,10 +29,6 @@ logger = logging.getLogger(__name__)
 logging.getLogger("opentelemetry.exporter.otlp").addHandler(logging.NullHandler())
 
 
-#: Spans and log records lost in this process, by (signal, reason).
-_dropped: Counter[tuple[str, str]] = Counter()
-_dropped_lock = threading.Lock()
-
 #: Always reported (zero included), so the first loss shows as an increase.
 _DROP_REASONS = ("queue_full", "export_failed")
 NOUNS = {"traces": "spans", "logs": "log records"}
@@ -42,48 +37,65 @@ _ADVICE = {
     "export_failed": "the exporter gave up on a batch (is the collector reachable, and does "
     "it accept messages this large?)",
     "already_shutdown": "they were made after the SDK shut down",
+    "worker_died": "their worker died before it exported them, and its flight recorder "
+    "did not hold them (raise otel.nanny.flight-recorder)",
 }
 _QUEUE_VARIABLES = {"traces": "OTEL_BSP_MAX_QUEUE_SIZE", "logs": "OTEL_BLRP_MAX_QUEUE_SIZE"}
-#: Signals whose losses were reported (checked before the lock: one set lookup a batch).
-warned: set[str] = set()
+
+
+class Losses(ProcessState):
+    """Spans and log records lost in this process, and which signals' losses were said."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        #: Lost so far, by (signal, reason).
+        self._counts: Counter[tuple[str, str]] = Counter()
+        #: Signals whose losses were said (checked before the lock: one lookup a batch).
+        self.said: set[str] = set()
+
+    def count(self, signal: str, reason: str, count: int) -> None:
+        with self._lock:
+            self._counts[signal, reason] += count
+
+    def counts(self) -> dict[tuple[str, str], int]:
+        with self._lock:
+            return dict(self._counts)
+
+    def forget_parent(self) -> None:
+        """The lock is free (a thread of the parent may have held it at the fork, reading
+        the counts, and is not here), and the parent's losses are the parent's to count
+        and say."""
+        self._lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        with self._lock:
+            self._counts.clear()
+        self.said.clear()
+
+
+#: The one per process.
+losses = runtime.own(Losses())
 
 
 def dropped() -> dict[tuple[str, str], int]:
     """Spans and log records lost so far in this process, by ``(signal, reason)``."""
-    with _dropped_lock:
-        return dict(_dropped)
+    return losses.counts()
 
 
 def count_dropped(signal: str, reason: str, count: int) -> None:
     """Count lost items. Cheap: called by a batch processor for each item it drops."""
-    with _dropped_lock:
-        _dropped[signal, reason] += count
-
-
-@contextlib.contextmanager
-def counted_apart() -> Iterator[None]:
-    """Count losses in a counter of their own while this lasts, then in the process's
-    again (for tests: the loss said once names the totals counted, so one test's losses
-    would change what another's message says)."""
-    global _dropped
-    with _dropped_lock:
-        kept, _dropped = _dropped, Counter()
-    try:
-        yield
-    finally:
-        with _dropped_lock:
-            _dropped = kept
+    losses.count(signal, reason, count)
 
 
 def warn_dropped(signal: str) -> None:
     """Say once per signal (in the exporting thread, off the hot path) what was lost."""
-    if f"dropped {signal}" in warned:
+    if signal in losses.said:
         return
-    with _dropped_lock:
-        lost = {reason: n for (s, reason), n in _dropped.items() if s == signal and n}
+    lost = {reason: n for (s, reason), n in losses.counts().items() if s == signal and n}
     if not lost:
         return
-    warned.add(f"dropped {signal}")
+    losses.said.add(signal)
     reasons = "; ".join(
         f"{n} because {_ADVICE.get(reason, reason)}".format(queue=_QUEUE_VARIABLES[signal])
         for reason, n in sorted(lost.items())
@@ -104,25 +116,12 @@ def _observe_dropped(options: CallbackOptions) -> list[Observation]:
         for reason in _DROP_REASONS:
             counts.setdefault((signal, reason), 0)
     # A scheduler or worker in this process names the cluster its losses belong to.
-    cluster = identity.attributes.get("dask.cluster.id")
+    cluster = identity.hosted.attributes.get("dask.cluster.id")
     named = {"dask.cluster.id": cluster} if cluster is not None else {}
     return [
         Observation(count, {**named, "dask_otel.signal": signal, "error.type": reason})
         for (signal, reason), count in sorted(counts.items())
     ]
-
-
-def _forget_parent() -> None:
-    """In a forked child: the lock is free (a thread of the parent may have held it at the
-    fork, reading the counts, and is not here), and the parent's losses are the parent's
-    to count and say."""
-    global _dropped_lock, _dropped
-    _dropped_lock = threading.Lock()
-    _dropped = Counter()
-    warned.clear()
-
-
-runtime.forget_in_child(_forget_parent)
 
 
 def register_dropped_counter() -> None:

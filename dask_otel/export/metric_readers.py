@@ -21,16 +21,16 @@ import math
 import os
 import threading
 import time
-import weakref
 from collections.abc import Iterator
 from typing import Any
 
 from opentelemetry.sdk.metrics.export import MetricExportResult, PeriodicExportingMetricReader
 
 from dask_otel import runtime
-from dask_otel.export.abandon import abandonable
+from dask_otel.export.abandon import abandonable, abandoned
 from dask_otel.export.connections import close_inherited
 from dask_otel.runtime import report_once, start_daemon
+from dask_otel.runtime_state import Instances
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class OnDemandReader(PeriodicExportingMetricReader):
                 self._gated_collect(timeout_millis)
         super().shutdown(timeout_millis=timeout_millis, **kwargs)
 
-    def _forget_parent(self) -> None:
+    def forget_parent(self) -> None:
         """In a forked child: the parent's thread is not here, nor are its connections."""
         self._run_lock = threading.Lock()
         self._ticking = None
@@ -129,12 +129,16 @@ def _export_interval(millis: float | None) -> float:
     return millis
 
 
+#: The metric readers' exporters of the meter provider dask-otel configured (in a forked
+#: child, their readers' export locks come first: a reader's thread, started again, takes
+#: them).
+metric_exporters: Instances[_WatchedMetricExporter] = runtime.own(Instances())
 #: The readers dask-otel configured in this process.
-_readers: weakref.WeakSet[OnDemandReader] = weakref.WeakSet()
+_readers: Instances[OnDemandReader] = runtime.own(Instances())
 
 
 def _run_readers(wanted: bool) -> None:
-    for reader in list(_readers):
+    for reader in _readers:
         reader.run(wanted)
 
 
@@ -196,7 +200,12 @@ class _WatchedMetricExporter:
         if self._stopped:  # the reader's last collection, after the exit stopped this
             return MetricExportResult.FAILURE
         with runtime.fork_gate.work(), runtime.health.exporting() as outcome:
-            result = self._exporter.export(*args, **kwargs)
+            try:
+                result = self._exporter.export(*args, **kwargs)
+            except Exception:
+                if abandoned():  # given up: its call was cut (a closed channel)
+                    return MetricExportResult.FAILURE
+                raise
             outcome.ok = getattr(result, "name", "SUCCESS") == "SUCCESS"
             return result
 
@@ -211,15 +220,11 @@ class _WatchedMetricExporter:
         except Exception:
             logger.debug("dask-otel: metric exporter shutdown failed", exc_info=True)
 
-    def _forget_parent(self) -> None:
+    def forget_parent(self) -> None:
         """In a forked child: the reader's export lock is free (its thread held it while
         the fork waited, see ``runtime.fork_gate``, and is not here)."""
         if hasattr(self._reader, "_export_lock"):
             self._reader._export_lock = threading.Lock()
-
-
-#: The metric readers' exporters of the meter provider dask-otel configured.
-metric_exporters: list[_WatchedMetricExporter] = []
 
 
 def watch_metric_exporters(provider: Any) -> None:
@@ -231,13 +236,4 @@ def watch_metric_exporters(provider: Any) -> None:
         if exporter is not None and not isinstance(exporter, _WatchedMetricExporter):
             abandonable(exporter)
             reader._exporter = watched = _WatchedMetricExporter(exporter, reader)
-            metric_exporters.append(watched)
-
-
-def _forget_parent_readers() -> None:
-    # The export locks first: a reader's thread, started again, takes them.
-    for inherited in [*metric_exporters, *_readers]:
-        inherited._forget_parent()
-
-
-runtime.forget_in_child(_forget_parent_readers)
+            metric_exporters.add(watched)

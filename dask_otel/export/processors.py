@@ -28,7 +28,7 @@ from dask_otel.export.abandon import abandonable, abandoned
 from dask_otel.export.drops import NOUNS
 from dask_otel.export.queued_spans import SharedObjects, compact, rebuild
 from dask_otel.export.queues import ExportQueue, QueueLimits, queue_limits
-from dask_otel.export.recorder_copy import Mirror, compact_log, configured_processors
+from dask_otel.export.recorder_copy import Mirror, compact_log, configured
 from dask_otel.export.sdk_names import fast_path
 from dask_otel.export.sizes import log_size, span_size
 from dask_otel.export.span_fields import QueuedSpan
@@ -233,7 +233,7 @@ def _configured(factory: Any) -> Any:
 
     def make(exporter: Any) -> Any:
         processor = factory(exporter)
-        configured_processors.append(processor)
+        configured.processors.append(processor)
         return processor
 
     return make

@@ -19,7 +19,6 @@ import os
 import sys
 import threading
 import time
-import weakref
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from dask_otel import runtime
 from dask_otel.export.connections import close_inherited
 from dask_otel.export.drops import NOUNS, count_dropped, dropped, warn_dropped
 from dask_otel.runtime import report_once, start_daemon
+from dask_otel.runtime_state import Instances
 
 logger = logging.getLogger(__name__)
 
@@ -345,7 +345,7 @@ class ExportQueue:
         if lost:
             warn_dropped(self.signal)
 
-    def _forget_parent(self) -> None:
+    def forget_parent(self) -> None:
         """In a forked child: what the parent queued is the parent's to export, and the
         parent's thread is not here."""
         self._items.clear()
@@ -360,7 +360,7 @@ class ExportQueue:
 
 
 #: Every export queue of this process: forgotten after fork, counted at exit.
-export_queues: weakref.WeakSet[ExportQueue] = weakref.WeakSet()
+export_queues: Instances[ExportQueue] = runtime.own(Instances())
 
 
 def unexported() -> tuple[Counter[str], dict[tuple[str, str], int]]:
@@ -369,7 +369,7 @@ def unexported() -> tuple[Counter[str], dict[tuple[str, str], int]]:
     way, by signal; and those lost, by (signal, reason)."""
     held: Counter[str] = Counter()
     with contextlib.ExitStack() as locks:
-        for queue in list(export_queues):
+        for queue in export_queues:
             locks.enter_context(queue._lock)
             held[queue.signal] += len(queue._items) + queue._in_flight
         return held, dropped()
@@ -378,17 +378,9 @@ def unexported() -> tuple[Counter[str], dict[tuple[str, str], int]]:
 def _wake_queues(_: bool) -> None:
     """A server or client began or stopped holding the metric demand: the exporting threads
     look again when a batch is due (see :meth:`ExportQueue._next_batch`)."""
-    for queue in list(export_queues):
+    for queue in export_queues:
         with queue._changed:
             queue._changed.notify_all()
 
 
 runtime.metric_demand.listen(_wake_queues)
-
-
-def _forget_parent_queues() -> None:
-    for queue in list(export_queues):
-        queue._forget_parent()
-
-
-runtime.forget_in_child(_forget_parent_queues)

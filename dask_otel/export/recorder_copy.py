@@ -1,7 +1,7 @@
 """The flight recorder's copy of the export queues, and what a dead worker had queued.
 
 A worker supervised by a dask-otel Nanny copies each span and log record it queues for
-export into shared memory (:mod:`dask_otel.signals.flight`), numbered in the order of
+export into shared memory (:mod:`dask_otel.postmortem.flight_recorder`), numbered in the order of
 the queue, and notes the newest number exported so far; if the process dies, its Nanny
 exports those with a higher number (:func:`recover`). The queue is first in, first
 out: every record older than one exported has left it (exported, or dropped from a full
@@ -22,12 +22,21 @@ from dask_otel import runtime
 from dask_otel.export.queued_spans import plain_attributes, rebuild
 from dask_otel.export.span_fields import KIND, RESOURCE
 from dask_otel.runtime import report_once
+from dask_otel.runtime_state import ProcessState
 
 logger = logging.getLogger(__name__)
 
 
-#: The batch processors the configurator made in this process.
-configured_processors: list[Any] = []
+class ConfiguredProcessors(ProcessState):
+    """The batch processors the configurator made in this process, in the order made (a
+    forked child keeps them: their queues forget their parent's items themselves)."""
+
+    def __init__(self) -> None:
+        self.processors: list[Any] = []
+
+
+#: The one per process.
+configured = runtime.own(ConfiguredProcessors())
 
 
 class Mirror:
@@ -84,7 +93,7 @@ def mirror(recorder: Any) -> set[str]:
     Returns the signals now copied: none where dask-otel did not configure the SDK.
     """
     copied = set()
-    for processor in configured_processors:
+    for processor in configured.processors:
         mirror = processor.mirror
         if mirror.signal in copied:
             continue
@@ -104,8 +113,9 @@ def recover(providers: runtime.Providers, objects: list[tuple], spans: list, log
     this process's processors, under the worker's own resource and scopes.
 
     ``objects`` describe the resources and scopes that the records number; records are
-    ``(numbers, values)`` as :mod:`dask_otel.signals.flight` wrote them. Returns how many were
-    handed over (none with an SDK whose processors are out of reach: said once).
+    ``(numbers, values)`` as :mod:`dask_otel.postmortem.flight_recorder` wrote them.
+    Returns how many were handed over (none with an SDK whose processors are out of reach:
+    said once).
     """
     from opentelemetry.sdk._logs import ReadWriteLogRecord
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope

@@ -28,6 +28,7 @@ from dask_otel.config import Settings
 from dask_otel.plugins import collection_names, unanswered
 from dask_otel.plugins.activation import activate
 from dask_otel.runtime import report_once
+from dask_otel.runtime_state import ProcessState
 from dask_otel.spans import errors, ids, naming
 
 logger = logging.getLogger(__name__)
@@ -38,27 +39,47 @@ logger = logging.getLogger(__name__)
 #: task's trace; a client the user left uninstrumented stays untraced).
 ALL = "all"
 IN_TASKS = "in tasks"
-_holders: Counter[str] = Counter()
-_holders_lock = threading.Lock()
+
+
+class Submissions(ProcessState):
+    """Which submissions this process traces, for whom, and the ``compute`` spans still
+    waiting for their results (a forked child keeps the patch; its spans are its
+    parent's to end)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        #: Callers of :func:`trace_submissions`, by scope.
+        self.holders: Counter[str] = Counter()
+        #: Compute spans waiting for their results: ended at exit if still open.
+        self.waiting: set[trace.Span] = set()
+
+    def forget_parent(self) -> None:
+        self.lock = threading.Lock()
+        self.waiting = set()
+
+
+#: The one per process.
+submissions = runtime.own(Submissions())
 
 
 def trace_submissions(scope: str) -> None:
     """Trace clients' submissions in this process (``scope``: ``ALL`` or ``IN_TASKS``)
     until this caller calls :func:`untrace_submissions` with the same scope."""
-    with _holders_lock:
-        if not _holders:
+    with submissions.lock:
+        if not submissions.holders:
             wrap_function_wrapper(distributed.Client, "_graph_to_futures", traced_graph_to_futures)
             collection_names.install()
-        _holders[scope] += 1
+        submissions.holders[scope] += 1
 
 
 def untrace_submissions(scope: str) -> None:
-    with _holders_lock:
-        _holders[scope] -= 1
-        if _holders[scope] <= 0:
-            del _holders[scope]
+    holders = submissions.holders
+    with submissions.lock:
+        holders[scope] -= 1
+        if holders[scope] <= 0:
+            del holders[scope]
         patched = distributed.Client.__dict__["_graph_to_futures"]
-        if not _holders and hasattr(patched, "__wrapped__"):
+        if not holders and hasattr(patched, "__wrapped__"):
             distributed.Client._graph_to_futures = patched.__wrapped__
             collection_names.uninstall()
 
@@ -106,10 +127,6 @@ def _submit_traced(
         context.detach(token)
 
 
-#: Compute spans waiting for their results: ended at exit if still open.
-_waiting: set[trace.Span] = set()
-
-
 def _end_when_ready(client: Any, futures: Any, span: trace.Span) -> None:
     """End ``span`` once every result it asked for is ready, erred or released: the
     scheduler's ``graph`` span, its child, lasts as long (a child never outlasts its
@@ -118,9 +135,9 @@ def _end_when_ready(client: Any, futures: Any, span: trace.Span) -> None:
         states = [client.futures.get(key) for key in futures]
         pending = [state for state in states if state is not None and not state.done()]
         if pending:
-            if not _waiting:  # after the providers exist: its exit step comes before theirs
+            if not submissions.waiting:  # after the providers exist: its exit step first
                 runtime.at_exit("build", _end_waiting)
-            _waiting.add(span)
+            submissions.waiting.add(span)
             client.loop.add_callback(_end_after, pending, span)
             return
     except Exception as e:
@@ -129,21 +146,24 @@ def _end_when_ready(client: Any, futures: Any, span: trace.Span) -> None:
 
 
 async def _end_after(states: list[Any], span: trace.Span) -> None:
+    """Wait for each state not done yet: most are by the time an earlier one is, and
+    Dask's ``wait`` makes a timeout and a coroutine even for one that is."""
     try:
         for state in states:
-            await state.wait()
+            if not state.done():
+                await state.wait()
     finally:
         _end(span)
 
 
 def _end_waiting() -> None:
     """At exit: the compute spans whose results never came (the process ends first)."""
-    for span in list(_waiting):
+    for span in list(submissions.waiting):
         _end(span)
 
 
 def _end(span: trace.Span) -> None:
-    _waiting.discard(span)
+    submissions.waiting.discard(span)
     try:
         if span.is_recording():  # not ended yet (at exit and by its waiter, say)
             span.end()
@@ -184,7 +204,7 @@ def _warn_about_annotation() -> None:
 
 def _start_span(client: Any, args: Any, kwargs: Any) -> tuple[trace.Span, Settings] | None:
     """The ``compute`` span of this submission and the settings, or None when untraced."""
-    if ALL not in _holders and not trace.get_current_span().is_recording():
+    if ALL not in submissions.holders and not trace.get_current_span().is_recording():
         return None  # only workers hold the patch, and no task's span is current
     settings = activate("client")
     if settings is None:

@@ -20,7 +20,7 @@ from opentelemetry.trace import SpanKind
 
 from dask_otel import strings
 from dask_otel.plugins.worker_patch import InstancePatch
-from dask_otel.signals import flight
+from dask_otel.postmortem import flight_recorder
 from dask_otel.spans import errors, ids
 from dask_otel.spans.records import DeferredSpan, TaskAttemptSpan
 
@@ -134,7 +134,7 @@ class ExecuteTracer(InstancePatch):
         #: Attributes of every span of this worker.
         self.static_attributes = attributes
         #: Where the attempts in progress are noted for this worker's Nanny, if any.
-        self.recorder = flight.open_for(worker, settings.flight_recorder_size)
+        self.recorder = flight_recorder.open_for(worker, settings.flight_recorder_size)
         if self.recorder is not None:
             from dask_otel.export import recorder_copy  # imports the SDK: not at import time
 
@@ -158,8 +158,13 @@ class ExecuteTracer(InstancePatch):
         attempt = _Attempt(key, ts.prefix, annotation, span, carriers.taken_up(ts, time_ns()))
         recorder = self.recorder
         if recorder is not None:  # for the Nanny, should this process die during the attempt
-            text = strings.cap(strings.key_to_str(key), self.settings.max_attribute_length)
-            slot = recorder.started(text, ts.prefix, annotation, ts.run_id, attempt.start_ns)
+            slot = recorder.started(
+                strings.key_to_str(key),
+                ts.prefix,
+                annotation if carrier is not None else None,
+                ts.run_id,
+                attempt.start_ns,
+            )
         try:
             result = await self.original(key, stimulus_id=stimulus_id)
         except BaseException as e:
@@ -261,7 +266,10 @@ class ExecuteTracer(InstancePatch):
                 **self.static_attributes,
                 "dask.task.key": strings.cap(key, limit),
                 "dask.task.prefix": strings.cap(attempt.prefix, limit),
-                "dask.task.group": strings.cap(key_split_group(attempt.key), limit),
+                # A tuple key's group is its first element, of any key type.
+                "dask.task.group": strings.cap(
+                    strings.key_to_str(key_split_group(attempt.key)), limit
+                ),
             },
             attempt.failure,
             links=links,

@@ -1,4 +1,4 @@
-"""Nanny plugin: the Nanny as an instrumented role, and the post-mortem of its worker.
+"""Nanny plugin: the Nanny as an instrumented role, which examines its worker's death.
 
 A Nanny supervises one worker process: it restarts it, kills it when its memory passes
 the terminate threshold, and is the one process that sees how it ended. With this plugin:
@@ -15,17 +15,16 @@ the terminate threshold, and is the one process that sees how it ended. With thi
   memory before, its last log lines; and per attempt lost a ``died <prefix>`` span under
   that attempt's span in the task's trace, with a ``dask.task.lost`` record in it;
 - whenever the worker's process ends without closing, it exports what the worker had
-  queued for export but not sent, read from the worker's flight recorder
-  (:mod:`dask_otel.signals.flight`).
+  queued for export but not sent, read from the worker's flight recorder.
 
-What a death is and what its records say: :mod:`dask_otel.plugins.deaths`.
+Here: the plugin's hooks, the Nanny's methods it wraps, and the memory readings. The
+post-mortem itself (the recorders, their directory, what a death says) is
+:mod:`dask_otel.postmortem`: :mod:`dask_otel.postmortem.examiner` does it for the Nanny.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
 import logging
 import signal
 from collections import deque
@@ -43,17 +42,11 @@ from tornado.ioloop import PeriodicCallback
 from dask_otel import identity, runtime
 from dask_otel.plugins import carried
 from dask_otel.plugins.activation import activate
-from dask_otel.plugins.deaths import (
-    Death,
-    DeathRecord,
-    MemoryKill,
-    oom_kill_counter,
-    read_oom_kills,
-)
+from dask_otel.postmortem.deaths import Death, MemoryKill, oom_kill_counter, read_oom_kills
+from dask_otel.postmortem.examiner import Examiner
 from dask_otel.runtime import PLUGIN_NAME, report_once
-from dask_otel.signals import flight, flight_folders, flight_labels, metrics
+from dask_otel.signals import metrics
 from dask_otel.spans import emitter
-from dask_otel.version import __version__
 
 if TYPE_CHECKING:
     from distributed import Nanny
@@ -137,10 +130,8 @@ class WorkerWatch:
 
     def __init__(self, nanny: Nanny, providers: runtime.Providers, settings: Settings) -> None:
         self.nanny = nanny
-        self.providers = providers
         self.settings = settings
-        self.folder = flight_folders.directory(nanny.address)
-        self._logger = providers.logger_provider.get_logger(f"{runtime.SCOPE}.nanny", __version__)
+        self.examiner = Examiner(nanny.address, providers, settings)
         interval = parse_timedelta(
             dask.config.get("distributed.worker.memory.monitor-interval"), default="ms"
         )
@@ -161,17 +152,13 @@ class WorkerWatch:
         self._callback = PeriodicCallback(self._read_memory, self.interval * 1000)
         self._identity: asyncio.Task | None = None
         self._closed = False
-        #: This Nanny's mark on its flight recorders' directory (None: not made).
-        self._mark: str | None = None
-        #: Whose directory it is: what others' it may send (its cluster joins when known).
-        self.label = flight_labels.Label(flight_labels.destination())
 
     # -- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> None:
         nanny = self.nanny
         if self.settings.flight_recorder_size:
-            self._take_folder()
+            self.examiner.open(nanny.pid, self.pid)
         self._wrap("log_event", self._log_event)
         self._wrap("kill", self._kill)
         self._wrap("instantiate", self._instantiate)
@@ -180,7 +167,7 @@ class WorkerWatch:
             nanny.handlers["kill"] = nanny.kill
         if nanny.process is not None:  # registered while its worker runs
             nanny.process.on_exit = nanny._on_worker_exit_sync
-        identity.add_nanny(nanny.address, None)
+        identity.hosted.add_nanny(nanny.address, None)
         self._note_worker()
         self._callback.start()
         # Its worker's memory, for the metric thread to send.
@@ -197,37 +184,12 @@ class WorkerWatch:
             nanny.handlers["kill"] = self._originals["kill"]
         for name in self._originals:
             nanny.__dict__.pop(name, None)
-        self._examine_remains()
-        if not nanny.is_alive():  # no worker to wait for
-            emitter.shared().submit(flight_folders.disown, self.folder, self._mark)
-        identity.remove_nanny(nanny.address)
+        self.examiner.close(nanny.is_alive(), nanny.pid, self.pid)
+        identity.hosted.remove_nanny(nanny.address)
         runtime.metric_demand.release(nanny)
         # The post-mortems in progress reach the export queues, which the process's exit
         # flushes (bounded): not waited for here, with a collector that may be down.
         await emitter.off_loop(emitter.shared().close, self.settings.flush_timeout)
-
-    def _take_folder(self) -> None:
-        """Make this Nanny's directory of flight recorders, and send what the dead workers
-        of Nannies that are gone left there, if they are of this cluster or export where
-        this Nanny does (:mod:`dask_otel.signals.flight_labels`)."""
-        folder = self.folder
-        # An earlier Nanny's at this address: another cluster's stays that cluster's.
-        if flight_folders.private(folder) and not self.label.adopts(flight_labels.read(folder)):
-            flight_folders.set_aside(folder)
-        try:
-            self._mark = flight_folders.own(folder)
-            flight_labels.write(folder, self.label)
-        except OSError as e:
-            logger.warning("dask-otel: this Nanny's workers keep no flight recorder: %s", e)
-            return
-        self._examine_remains()  # left by an earlier Nanny at this address
-        self._adopt_orphans()
-
-    def _adopt_orphans(self) -> None:
-        """Clean up after the Nannies that are gone whose remains this one may send."""
-        for folder in flight_folders.orphans(self.folder):
-            if self.label.adopts(flight_labels.read(folder)):
-                emitter.shared().submit(self._clean_up_after, folder)
 
     def _wrap(self, name: str, wrapper: Callable[..., Any]) -> None:
         original = getattr(self.nanny, name)
@@ -243,11 +205,7 @@ class WorkerWatch:
             logger.warning("dask-otel: cannot read the scheduler's id, records lack it: %r", e)
             return
         self.attributes["dask.cluster.id"] = identity["id"]
-        if self._mark is not None and not self._closed:
-            self.label = dataclasses.replace(self.label, cluster=identity["id"])
-            with contextlib.suppress(OSError):
-                flight_labels.write(self.folder, self.label)
-            self._adopt_orphans()  # those of this cluster that export elsewhere
+        self.examiner.cluster_known(identity["id"])
 
     # -- the Nanny's methods, wrapped -------------------------------------------------------
 
@@ -278,7 +236,7 @@ class WorkerWatch:
             self._oom_kills = oom_kill_counter(pid)
         if self.worker != self.nanny.worker_address:  # known once the worker is up
             self.worker = self.nanny.worker_address
-            identity.add_nanny(self.nanny.address, self.worker)
+            identity.hosted.add_nanny(self.nanny.address, self.worker)
 
     def _read_memory(self) -> None:
         if self.nanny.pid != self.pid or self.worker is None:
@@ -300,7 +258,7 @@ class WorkerWatch:
             report_once(logger, "nanny", "dask-otel: the post-mortem of a worker failed")
         return self._originals["_on_worker_exit_sync"](exitcode)
 
-    # -- post-mortem ------------------------------------------------------------------------
+    # -- a death, as the Nanny sees it ----------------------------------------------------
 
     def _died(self, exitcode: int) -> None:
         """On the event loop, as the Nanny learns that its worker process ended: note
@@ -336,61 +294,4 @@ class WorkerWatch:
             oom_killed=oom_killed,
         )
         self.pid = None
-        emitter.shared().submit(self._post_mortem, death, {**self.attributes})
-
-    def _examine_remains(self) -> None:
-        """Export what recorders of dead worker processes still hold, and delete them."""
-        # Not the recorder of the worker watched: dead, maybe, but its exit not yet
-        # handled (the Nanny learns it from a thread, via the event loop).
-        for path in _dead_recorders(self.folder, self.nanny.pid, self.pid):
-            emitter.shared().submit(self._recover, path)
-
-    def _clean_up_after(self, folder: Path) -> None:
-        """In the background: what the dead workers of a Nanny that is gone left, sent,
-        and its directory removed (once its workers, which may outlive it, are dead)."""
-        mark = flight_folders.mark_of(folder)
-        for path in _dead_recorders(folder):
-            self._recover(path)
-        flight_folders.disown(folder, mark)
-
-    def _recover(self, path: Path) -> flight.Wreck | None:
-        """In the background: export what the recorder at ``path`` held unexported."""
-        claimed = flight_folders.claim(path)
-        if claimed is None:
-            return None
-        try:
-            wreck = flight.read(claimed)
-        except flight_folders.Foreign as e:  # left where it is, never sent
-            report_once(logger, "foreign", "dask-otel: not a flight recorder, skipped: %s", e)
-            return None
-        with contextlib.suppress(OSError):
-            claimed.unlink()
-        if wreck is None:
-            return None
-        from dask_otel.export import recorder_copy
-
-        try:
-            recorder_copy.recover(
-                self.providers, wreck.objects, wreck.unexported_spans, wreck.unexported_logs
-            )
-        except Exception as e:  # what looked like a recorder holds garbage
-            report_once(logger, "garbage", "dask-otel: a flight recorder not sent: %r", e)
-            return None
-        return wreck
-
-    def _post_mortem(self, death: Death, attributes: dict[str, Any]) -> None:
-        wreck = self._recover(flight_folders.path_of(self.nanny.address, death.pid))
-        if self._closed:  # the last worker of this Nanny
-            flight_folders.disown(self.folder, self._mark)
-        if not death.expected:
-            record = DeathRecord(death, wreck, attributes, self.settings)
-            record.emit(self._logger, self.providers.tracer())
-
-
-def _dead_recorders(folder: Path, *spared: int | None) -> list[Path]:
-    """The recorders in ``folder`` of worker processes that are gone (not ``spared``)."""
-    return [
-        path
-        for pid, path in flight_folders.recorders(folder)
-        if pid not in spared and not psutil.pid_exists(pid)
-    ]
+        self.examiner.died(death, {**self.attributes})

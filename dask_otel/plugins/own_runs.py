@@ -13,27 +13,35 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from dask_otel import runtime
+from dask_otel.runtime_state import ProcessState
+
 #: The message distributed's ``run`` logs, with the function's name as its one argument.
 _RUN_MESSAGE = "Run out-of-band function %r"
-_names: set[str] = set()
 
 
-class _OwnRuns(logging.Filter):
+class _OwnRuns(logging.Filter, ProcessState):
     """Drops the line of a run of a function dask-otel registered."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: The names of the functions registered.
+        self.names: set[str] = set()
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.msg != _RUN_MESSAGE or not isinstance(record.args, tuple):
             return True
-        return not (record.args and record.args[0] in _names)
+        return not (record.args and record.args[0] in self.names)
 
 
-_FILTER = _OwnRuns()
+#: The one per process.
+_own_runs = runtime.own(_OwnRuns())
 
 
 def register(function: Callable[..., Any]) -> Callable[..., Any]:
     """Leave runs of ``function`` unlogged in this process (a decorator)."""
-    _names.add(function.__name__)
+    _own_runs.names.add(function.__name__)
     logger = logging.getLogger("distributed.worker")  # the scheduler's runs log there too
-    if _FILTER not in logger.filters:
-        logger.addFilter(_FILTER)
+    if _own_runs not in logger.filters:
+        logger.addFilter(_own_runs)
     return function

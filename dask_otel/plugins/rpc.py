@@ -24,7 +24,8 @@ from distributed.comm.addressing import get_address_host_port
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from dask_otel import identity
+from dask_otel import identity, runtime
+from dask_otel.runtime_state import ProcessState
 from dask_otel.spans import emitter, errors
 from dask_otel.spans.records import DeferredSpan, EndedSpans, ended_spans
 
@@ -40,7 +41,7 @@ SYSTEM = "dask"
 _original_send_recv = core.send_recv
 
 
-class _State:
+class _Recording:
     """What the patched ``send_recv`` needs; replaced whole so readers see one snapshot."""
 
     def __init__(self, tracer: trace.Tracer, settings: Settings) -> None:
@@ -49,7 +50,19 @@ class _State:
         self.never = settings.rpc_never_record
 
 
-_state: _State | None = None
+class RpcPatch(ProcessState):
+    """Whether ``rpc`` spans are recorded in this process, and where ``send_recv`` was
+    replaced (a forked child keeps both)."""
+
+    def __init__(self) -> None:
+        #: What is recorded, while :func:`install` is in force.
+        self.recording: _Recording | None = None
+        #: The ``distributed`` modules whose ``send_recv`` binding :func:`install` replaced.
+        self.patched: list[ModuleType] = []
+
+
+#: The one per process.
+rpc_patch = runtime.own(RpcPatch())
 
 
 def peer_attributes(address: str | None, prefix: str) -> dict[str, Any]:
@@ -71,7 +84,7 @@ def _host_port(address: str) -> tuple[str, int | None]:
         return address, None
 
 
-def _request(state: _State, op: Any, comm: Any) -> tuple[trace.Span, dict] | None:
+def _request(state: _Recording, op: Any, comm: Any) -> tuple[trace.Span, dict] | None:
     """(parent, attributes) of a request's CLIENT span, or None if it is not recorded."""
     if op in state.never or not isinstance(op, str):
         return None
@@ -82,7 +95,7 @@ def _request(state: _State, op: Any, comm: Any) -> tuple[trace.Span, dict] | Non
     # Asked now: a transfer's DeferredSpan draws its id here, before any thread builds.
     current.get_span_context()
     return current, {
-        **identity.attributes,
+        **identity.hosted.attributes,
         "rpc.system.name": SYSTEM,
         "rpc.method": op,
         **peer_attributes(peer, "server"),
@@ -103,7 +116,7 @@ def send_recv(
     Not a coroutine itself: the caller awaits Dask's own (or :func:`_recorded`), so an
     exception it raises carries no frame of this function.
     """
-    state = _state
+    state = rpc_patch.recording
     request = None
     if state is not None:
         try:
@@ -168,7 +181,7 @@ def traced_handler(handler: Callable[..., Any], op: str, spans: EndedSpans) -> C
         comm = args[0] if args else kwargs.get("comm")
         try:
             attributes = {
-                **identity.attributes,
+                **identity.hosted.attributes,
                 "rpc.system.name": SYSTEM,
                 "rpc.method": op,
                 **peer_attributes(getattr(comm, "peer_address", None), "network.peer"),
@@ -196,10 +209,6 @@ def trace_handlers(server: Any, tracer: trace.Tracer, settings: Settings) -> dic
     return originals
 
 
-#: The ``distributed`` modules whose ``send_recv`` binding :func:`install` replaced.
-_patched: list[ModuleType] = []
-
-
 def _bindings() -> list[ModuleType]:
     """Every ``distributed`` module holding Dask's ``send_recv``, by name."""
     return [
@@ -216,19 +225,17 @@ def install(tracer: trace.Tracer, settings: Settings) -> None:
     The modules are searched once; later calls (a client activates on every submission)
     only swap the state.
     """
-    global _state
-    _state = _State(tracer, settings)
-    if not _patched:
-        _patched.extend(_bindings())
-        for module in _patched:
+    rpc_patch.recording = _Recording(tracer, settings)
+    if not rpc_patch.patched:
+        rpc_patch.patched.extend(_bindings())
+        for module in rpc_patch.patched:
             module.send_recv = send_recv
 
 
 def uninstall() -> None:
     """Record no more ``rpc`` spans; those recorded are built first (boundedly)."""
-    global _state
-    _state = None
+    rpc_patch.recording = None
     emitter.shared().flush(emitter.EXIT_TIMEOUT)
-    for module in _patched:
+    for module in rpc_patch.patched:
         module.send_recv = _original_send_recv
-    _patched.clear()
+    rpc_patch.patched.clear()

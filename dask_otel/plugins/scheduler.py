@@ -55,7 +55,7 @@ class _Tracing:
             settings.max_attribute_length,
             settings.logs_exclude_event_topics,
         )
-        identity.add_cluster(self.cluster_id)
+        identity.hosted.add_cluster(self.cluster_id)
         #: The scheduler's rpc handlers as they were before tracing wrapped them.
         self.handlers = rpc.trace_handlers(scheduler, tracer, settings)
         self.carriers = Carriers(scheduler)
@@ -117,7 +117,7 @@ class _Tracing:
         await off_loop(drain, self.emitter, self.providers, self.settings.flush_timeout)
         # After the final flush, whose collection still reads this scheduler.
         metrics.forget(self.meter_provider, self.scheduler)
-        identity.remove_cluster(self.cluster_id)
+        identity.hosted.remove_cluster(self.cluster_id)
 
 
 class DaskOtelSchedulerPlugin(SchedulerPlugin):

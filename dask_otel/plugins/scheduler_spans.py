@@ -91,13 +91,14 @@ class TaskSpans:
         """The attributes that name a scheduler ``TaskState``."""
         return self._identity(strings.key_to_str(ts.key), ts.prefix.name, ts.group.name)
 
-    def _identity(self, key: str, prefix: str, group: str) -> dict[str, Any]:
+    def _identity(self, key: str, prefix: str, group: Any) -> dict[str, Any]:
         limit = self._limit
         return {
             "dask.cluster.id": self._cluster_id,
             "dask.task.key": strings.cap(key, limit),
             "dask.task.prefix": strings.cap(prefix, limit),  # a key without "-" is its own prefix
-            "dask.task.group": strings.cap(group, limit),
+            # A tuple key's group is its first element, of any key type (an int, a tuple).
+            "dask.task.group": strings.cap(strings.key_to_str(group), limit),
         }
 
     def task(self, record: TaskRecord, carrier: trace.SpanContext) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import threading
 import time
 from typing import Any
 
@@ -22,6 +21,7 @@ from dask_otel import runtime
 from dask_otel.plugins import own_runs
 from dask_otel.plugins.activation import settings_problem
 from dask_otel.runtime import PLUGIN_NAME, say_once
+from dask_otel.runtime_state import Once
 
 logger = logging.getLogger(__name__)
 
@@ -29,20 +29,14 @@ logger = logging.getLogger(__name__)
 #: unreachable collector after its 10 s timeout), and how often it looks.
 WAIT = 30.0
 POLL = 0.2
-#: Asked once per process; ``_asked`` is set under the lock.
-_asked = False
-_lock = threading.Lock()
+#: The scheduler is asked once per process.
+_ask_once = runtime.own(Once())
 
 
 def watch(client: Any) -> None:
     """After a traced submission of ``client``: ask the scheduler once per process."""
-    global _asked
-    if _asked:
+    if not _ask_once.now():
         return
-    with _lock:
-        if _asked:
-            return
-        _asked = True
     try:
         client.loop.add_callback(_ask, client)
     except Exception:  # a closing client: nothing to ask
@@ -57,15 +51,6 @@ async def _ask(client: Any) -> None:
         return
     if problem:
         say_once(f"{problem}. This client's submissions get no graph span back.")
-
-
-def _forget_parent() -> None:
-    """In a forked child: its own clients have not asked."""
-    global _asked, _lock
-    _asked, _lock = False, threading.Lock()
-
-
-runtime.forget_in_child(_forget_parent)
 
 
 @own_runs.register
@@ -101,7 +86,7 @@ def _destination() -> str:
     """Where this process exports its spans, as its exporter names it."""
     from dask_otel.export.queues import export_queues
 
-    for queue in list(export_queues):
+    for queue in export_queues:
         endpoint = getattr(queue.exporter.exporter, "_endpoint", None)
         if queue.signal == "traces" and endpoint:
             return str(endpoint)

@@ -133,7 +133,7 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
         # trace, whichever way dask-otel came into this process.
         client.trace_submissions(client.IN_TASKS)
         metrics.observe_worker(meter_provider, worker, attributes)
-        identity.add_worker(worker.address)
+        identity.hosted.add_worker(worker.address)
         self._identity = asyncio.create_task(_fetch_cluster_id(worker, attributes))
 
     def flush(self, timeout: float) -> bool:
@@ -164,9 +164,9 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
         # The last collection still reads this worker: flush first, then let it go.
         await off_loop(drain, closing, self._providers, budget)
         metrics.forget(self._meter_provider, worker)
-        identity.remove_worker(worker.address)
+        identity.hosted.remove_worker(worker.address)
         if "dask.cluster.id" in attributes:  # the scheduler answered: named above
-            identity.remove_cluster(attributes["dask.cluster.id"])
+            identity.hosted.remove_cluster(attributes["dask.cluster.id"])
 
 
 async def _fetch_cluster_id(worker: Worker, attributes: dict[str, Any]) -> None:
@@ -184,4 +184,4 @@ async def _fetch_cluster_id(worker: Worker, attributes: dict[str, Any]) -> None:
         logger.warning("dask-otel: cannot read the scheduler's id, spans lack it: %r", e)
         return
     attributes["dask.cluster.id"] = scheduler_identity["id"]
-    identity.add_cluster(scheduler_identity["id"])
+    identity.hosted.add_cluster(scheduler_identity["id"])

@@ -175,7 +175,8 @@ INSTRUMENTS: dict[str, Instrument] = {
     "dask_otel.exporter.dropped": Instrument(
         "counter",
         "{item}",
-        "Spans and log records lost by this process's exporters: full queue, failed export",
+        "Spans and log records lost by this process's exporters (full queue, failed export) "
+        "and, counted by its Nanny, those a dead worker's flight recorder did not hold",
         ("dask_otel.signal", "error.type"),
     ),
 }

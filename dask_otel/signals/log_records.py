@@ -72,7 +72,7 @@ class DaskRecordFilter(logging.Filter):
         if record.name.startswith("opentelemetry") and not self._repeats.admit(record):
             return False
         fields = record.__dict__
-        fields.update(identity.attributes)
+        fields.update(identity.hosted.attributes)
         # Set while a task runs in this thread (the bridge starts with dask's import,
         # before distributed's: it must not import it).
         task = getattr(sys.modules.get("distributed.worker"), "thread_state", None)

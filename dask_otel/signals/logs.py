@@ -25,7 +25,10 @@ from typing import Any
 from opentelemetry._logs import LoggerProvider
 from opentelemetry.instrumentation.logging.handler import LoggingHandler
 
+from dask_otel import runtime
+from dask_otel.runtime_state import ProcessState
 from dask_otel.signals.log_records import DaskRecordFilter
+from dask_otel.strings import safe_repr
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +50,9 @@ def _wrap_translation(handler: logging.Handler) -> None:
     if not _wrapped(translate):
 
         def _translate(record: logging.LogRecord) -> Any:
-            return _filter.exported(record, translate(record), handler.formatter is not None)
+            return log_export.filter.exported(
+                record, translate(record), handler.formatter is not None
+            )
 
         _replace(handler, "_translate", _translate)
 
@@ -55,17 +60,45 @@ def _wrap_translation(handler: logging.Handler) -> None:
 def _guard_emit(handler: logging.Handler) -> None:
     """Make ``handler`` report its own failures (``handleError``, as the standard library's
     handlers do) instead of raising them into the code that logged: the OpenTelemetry
-    handler lets an error in ``getMessage`` escape, which would fail a task that logs."""
+    handler lets an error in ``getMessage`` escape, which would fail a task that logs.
+
+    A record whose message cannot be formatted is no failure of this handler's: the
+    handlers that format it report it, as they do without dask-otel (a second report
+    would be dask-otel's alone), and it is exported with its message unformatted."""
     emit = handler.emit
     if not _wrapped(emit):
 
         def _emit(record: logging.LogRecord) -> None:
             try:
                 emit(record)
+                return
+            except Exception:
+                if _formats(record):
+                    handler.handleError(record)
+                    return
+            try:
+                emit(_unformatted(record))
             except Exception:
                 handler.handleError(record)
 
         _replace(handler, "emit", _emit)
+
+
+def _formats(record: logging.LogRecord) -> bool:
+    try:
+        record.getMessage()
+    except Exception:
+        return False
+    return True
+
+
+def _unformatted(record: logging.LogRecord) -> logging.LogRecord:
+    """A copy of ``record`` whose message is its format string and arguments, as
+    Python's report of the error shows them."""
+    copy = logging.makeLogRecord(record.__dict__)
+    copy.msg = f"{safe_repr(record.msg)} % {safe_repr(record.args)}"
+    copy.args = None
+    return copy
 
 
 def _wrapped(method: Any) -> bool:
@@ -112,20 +145,30 @@ class _Export:
             logger = logger.parent if logger.propagate else None
 
 
-#: What this process exports, once :func:`install` ran.
-_export: _Export | None = None
-#: ``Logger.callHandlers`` as :func:`install` found it.
-_call_handlers_before = logging.Logger.callHandlers
-#: Other OpenTelemetry handlers that dask-otel's filter and wrappers were added to.
-_attached: list[logging.Handler] = []
-_filter = DaskRecordFilter()
+class LogExport(ProcessState):
+    """What this process exports of its log records, and how Python's handling was
+    extended to do it."""
+
+    def __init__(self) -> None:
+        #: The export, once :func:`install` ran.
+        self.export: _Export | None = None
+        #: ``Logger.callHandlers`` as :func:`install` found it.
+        self.call_handlers_before = logging.Logger.callHandlers
+        #: Other OpenTelemetry handlers that dask-otel's filter and wrappers were added to.
+        self.attached: list[logging.Handler] = []
+        #: What stamps and caps the records exported.
+        self.filter = DaskRecordFilter()
+
+
+#: The one per process.
+log_export = runtime.own(LogExport())
 
 
 def _call_handlers(self: logging.Logger, record: logging.LogRecord) -> None:
     """``Logger.callHandlers``: Python's own handling first (what plain Python prints,
     it still prints), then the export."""
-    _call_handlers_before(self, record)
-    export = _export
+    log_export.call_handlers_before(self, record)
+    export = log_export.export
     if export is not None:
         export(self, record)
 
@@ -148,10 +191,10 @@ def install(
     ``max_length`` (``otel.max-attribute-length``) caps bodies and exception text; a
     later call (another component activating) updates it.
     """
-    global _export, _call_handlers_before
+    state = log_export
     if max_length is not None:
-        _filter.max_length = max_length
-    if _export is not None:
+        state.filter.max_length = max_length
+    if state.export is not None:
         return
     handler = LoggingHandler(level=level, logger_provider=logger_provider)
     targets = frozenset(logging.getLogger(name or None) for name in loggers)
@@ -159,22 +202,22 @@ def install(
     # records too: stamp them, and keep them from being exported twice.
     others = [h for h in map(_otel_handler, {logging.getLogger(), *targets}) if h is not None]
     for exporting in (handler, *others):
-        exporting.addFilter(_filter)
+        exporting.addFilter(state.filter)
         _wrap_translation(exporting)
         _guard_emit(exporting)
-    _attached.extend(others)
-    _export = _Export(handler, targets)
+    state.attached.extend(others)
+    state.export = _Export(handler, targets)
     if logging.Logger.callHandlers is not _call_handlers:
-        _call_handlers_before = logging.Logger.callHandlers
+        state.call_handlers_before = logging.Logger.callHandlers
         logging.Logger.callHandlers = _call_handlers  # type: ignore[method-assign]
 
 
 def uninstall() -> None:
-    global _export
-    _export = None
+    state = log_export
+    state.export = None
     if logging.Logger.callHandlers is _call_handlers:
-        logging.Logger.callHandlers = _call_handlers_before  # type: ignore[method-assign]
-    for handler in _attached:
-        handler.removeFilter(_filter)
+        logging.Logger.callHandlers = state.call_handlers_before  # type: ignore[method-assign]
+    for handler in state.attached:
+        handler.removeFilter(state.filter)
         _unwrap(handler)
-    _attached.clear()
+    state.attached.clear()

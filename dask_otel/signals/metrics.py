@@ -29,8 +29,9 @@ from distributed.worker_state_machine import TaskStateState
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from dask_otel import strings
-from dask_otel.runtime import SCOPE, forget_in_child, metric_demand, report_once
+from dask_otel import runtime, strings
+from dask_otel.runtime import SCOPE, metric_demand, report_once
+from dask_otel.runtime_state import ProcessState
 from dask_otel.signals.instruments import (
     DROPPED,
     DURATION_BUCKETS,
@@ -265,6 +266,12 @@ class Sources:
         self.transfer_received = _histogram(meter, "dask.worker.transfer.received", SIZE_BUCKETS)
         self.worker_memory = _histogram(meter, "dask.nanny.worker.memory", MEMORY_BUCKETS)
 
+    def forget_parent(self) -> None:
+        """In a forked child: none of the parent's servers runs here."""
+        self._lock = threading.Lock()
+        self._servers.clear()
+        self._generation = -1
+
     def add(self, server: Any, observe: Observer, attributes: Attributes) -> None:
         with self._lock:
             self._servers[id(server)] = (weakref.proxy(server), observe, attributes)
@@ -308,9 +315,36 @@ class Sources:
         return points
 
 
-_sources: weakref.WeakKeyDictionary[Any, Sources] = weakref.WeakKeyDictionary()
-_sources_lock = threading.Lock()
+class AllSources(ProcessState):
+    """The :class:`Sources` of each meter provider in this process."""
 
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        #: By meter provider, kept no longer than the provider.
+        self._by_provider: weakref.WeakKeyDictionary[Any, Sources] = weakref.WeakKeyDictionary()
+
+    def of(self, meter_provider: metrics.MeterProvider) -> Sources:
+        with self._lock:
+            found = self._by_provider.get(meter_provider)
+            if found is None:
+                found = Sources(meter_provider.get_meter(SCOPE, __version__))
+                self._by_provider[meter_provider] = found
+            return found
+
+    def all(self) -> list[Sources]:
+        with self._lock:
+            return list(self._by_provider.values())
+
+    def forget_parent(self) -> None:
+        """A forked child (a Nanny's worker, with ``fork``) runs none of its parent's
+        servers: it must not report a frozen copy of the parent's scheduler or workers."""
+        self._lock = threading.Lock()
+        for found in self.all():
+            found.forget_parent()
+
+
+#: The one per process.
+all_sources = runtime.own(AllSources())
 
 _disabled = metrics.NoOpMeterProvider()
 
@@ -322,26 +356,7 @@ def meter_provider(providers: Providers, settings: Settings) -> metrics.MeterPro
 
 def sources(meter_provider: metrics.MeterProvider) -> Sources:
     """The instruments of ``meter_provider`` (created on first use)."""
-    with _sources_lock:
-        found = _sources.get(meter_provider)
-        if found is None:
-            found = Sources(meter_provider.get_meter(SCOPE, __version__))
-            _sources[meter_provider] = found
-        return found
-
-
-def _after_fork_in_child() -> None:
-    """A forked child (a Nanny's worker, with ``fork``) runs none of its parent's servers:
-    it must not report a frozen copy of the parent's scheduler or workers."""
-    global _sources_lock
-    _sources_lock = threading.Lock()
-    for found in list(_sources.values()):
-        found._lock = threading.Lock()
-        found._servers.clear()
-        found._generation = -1
-
-
-forget_in_child(_after_fork_in_child)
+    return all_sources.of(meter_provider)
 
 
 def observe_scheduler(meter_provider: metrics.MeterProvider, scheduler: Any) -> None:
@@ -372,10 +387,8 @@ def forget(meter_provider: metrics.MeterProvider, server: Any) -> None:
 def observed() -> list[str]:
     """What this process reports metrics of: ``scheduler`` or ``worker``, per server."""
     roles = {_observe_scheduler: "scheduler", _observe_worker: "worker"}
-    with _sources_lock:
-        found = list(_sources.values())
     observers = []
-    for source in found:
+    for source in all_sources.all():
         with source._lock:
             observers += [roles[observe] for _, observe, _ in source._servers.values()]
     return observers

@@ -18,6 +18,7 @@ from typing import Any
 
 from dask_otel import runtime
 from dask_otel.runtime import report_once, start_daemon
+from dask_otel.runtime_state import ProcessState
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +47,7 @@ class SpanEmitter:
     """
 
     def __init__(self, name: str, interval: float = 0.1, idle: float = 1.0) -> None:
-        _emitters.add(self)
-        _drain_before_sdk_exit()
+        emitters.add(self)
         self._name = name
         self._pending: deque[Any] = deque()
         self._wake = threading.Event()
@@ -134,7 +134,7 @@ class SpanEmitter:
         except Exception:
             report_once(logger, "emit", "dask-otel: building a span failed (said once)")
 
-    def _forget_parent(self) -> None:
+    def forget_parent(self) -> None:
         """In a forked child: the parent's thread is not here, and what it had queued is
         the parent's to emit (the child would emit it twice, at its exit)."""
         self._pending.clear()
@@ -152,53 +152,62 @@ class SpanEmitter:
             return False
 
 
-#: Every emitter, so that what they hold at interpreter exit is not lost (a client's
-#: ``LocalCluster`` left for the interpreter to close, a script that ends right away).
-_emitters: weakref.WeakSet[SpanEmitter] = weakref.WeakSet()
-
 #: Longest the exit waits for each emitter's backlog.
 EXIT_TIMEOUT = 2.0
 
 
-def _drain_all_at_exit() -> None:
-    for emitter in list(_emitters):
-        emitter._drain_at_exit(EXIT_TIMEOUT)
+class Emitters(ProcessState):
+    """Every emitter of this process, so that what they hold at interpreter exit is not
+    lost (a client's ``LocalCluster`` left for the interpreter to close, a script that
+    ends right away), and the one every dask-otel component shares (:func:`shared`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        #: Every emitter made in this process.
+        self._all: weakref.WeakSet[SpanEmitter] = weakref.WeakSet()
+        #: The shared one, once a component asked for it.
+        self._shared: SpanEmitter | None = None
+
+    def add(self, emitter: SpanEmitter) -> None:
+        self._all.add(emitter)
+        self._drain_before_sdk_exit()
+
+    def shared(self) -> SpanEmitter:
+        with self._lock:
+            if self._shared is None:
+                self._shared = SpanEmitter(name="dask-otel-spans")
+            else:
+                self._drain_before_sdk_exit()
+            return self._shared
+
+    def _drain_before_sdk_exit(self) -> None:
+        """The drain comes before the SDK's exit shutdown and export (asked again as each
+        component starts: after the SDK was configured, see ``runtime.at_exit``)."""
+        runtime.at_exit("build", self._drain_all_at_exit)
+
+    def _drain_all_at_exit(self) -> None:
+        for emitter in list(self._all):
+            emitter._drain_at_exit(EXIT_TIMEOUT)
+
+    def forget_parent(self) -> None:
+        """A child forked while an emitter's thread ran (a Nanny's worker started with the
+        ``fork`` method, in a process whose scheduler or client traces) starts threads of
+        its own: otherwise its emitters would wait forever for a thread that stayed
+        behind."""
+        self._lock = threading.Lock()
+        for emitter in list(self._all):
+            emitter.forget_parent()
 
 
-def _drain_before_sdk_exit() -> None:
-    """The drain comes before the SDK's exit shutdown and export (asked again as each
-    component starts: after the SDK was configured, see ``runtime.at_exit``)."""
-    runtime.at_exit("build", _drain_all_at_exit)
-
-
-_shared: SpanEmitter | None = None
-_shared_lock = threading.Lock()
+#: The one per process.
+emitters = runtime.own(Emitters())
 
 
 def shared() -> SpanEmitter:
     """This process's emitter, which every dask-otel component in it (client, scheduler,
     workers, ``rpc`` spans) submits to: one thread to wake and hand the GIL to, however
     many components an in-process cluster has. Asked by each component as it starts."""
-    global _shared
-    with _shared_lock:
-        if _shared is None:
-            _shared = SpanEmitter(name="dask-otel-spans")
-        else:
-            _drain_before_sdk_exit()
-        return _shared
-
-
-def _after_fork_in_child() -> None:
-    """A child forked while an emitter's thread ran (a Nanny's worker started with the
-    ``fork`` method, in a process whose scheduler or client traces) starts threads of its
-    own: otherwise its emitters would wait forever for a thread that stayed behind."""
-    global _shared_lock
-    _shared_lock = threading.Lock()
-    for emitter in list(_emitters):
-        emitter._forget_parent()
-
-
-runtime.forget_in_child(_after_fork_in_child)
+    return emitters.shared()
 
 
 def drain(emitter: SpanEmitter, providers: runtime.Providers, timeout: float) -> None:

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from dask_otel.environment import FILE_EXPORT_DIR
-from dask_otel.signals import flight_folders
+from dask_otel.postmortem import folders
 
 #: The settings that say where a process's telemetry goes (and as whom): OTLP endpoints,
 #: protocols, headers and certificates per signal, and the OTLP JSON file directory.
@@ -52,12 +52,12 @@ class Label:
 
 
 def write(folder: Path, label: Label) -> None:
-    flight_folders.write_new(folder / flight_folders.LABEL, json.dumps(asdict(label)))
+    folders.write_new(folder / folders.LABEL, json.dumps(asdict(label)))
 
 
 def read(folder: Path) -> Label | None:
     """The label of ``folder`` (None: none, foreign, or not one)."""
-    text = flight_folders.read_small(folder / flight_folders.LABEL)
+    text = folders.read_small(folder / folders.LABEL)
     try:
         fields = json.loads(text) if text is not None else None
         label = Label(**fields) if isinstance(fields, dict) else None

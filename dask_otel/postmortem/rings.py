@@ -45,18 +45,15 @@ class Ring:
         self.head = 0
         self.tail = 0
         self.appended = 0
-        #: Records too large for the ring, not kept.
-        self.skipped = 0
         _RING.pack_into(buffer, block, offset, size, 0, 0, 0, 0)
 
-    def append(self, payload: bytes, resource: int = 0, scope: int = 0) -> int | None:
+    def append(self, payload: bytes, resource: int = 0, scope: int = 0) -> int:
         """Append a record (with the numbers of its resource and scope); returns its
-        number (None: too large, not kept)."""
+        number. One too large for the ring is numbered, not kept (:meth:`skip`)."""
         n = _RECORD.size + len(payload)
         size = self.size
         if n > size:
-            self.skipped += 1
-            return None
+            return self.skip()
         buffer, offset, head, tail = self.buffer, self.offset, self.head, self.tail
         at = head % size
         pad = size - at if at + n > size else 0
@@ -84,6 +81,14 @@ class Ring:
         _RING_STATE.pack_into(buffer, self.block + 16, end, tail, number + 1)
         return number
 
+    def skip(self) -> int:
+        """Number a record that the ring does not keep: its reader counts it lost unless
+        it was exported."""
+        number = self.appended
+        self.appended = number + 1
+        _RING_STATE.pack_into(self.buffer, self.block + 16, self.head, self.tail, number + 1)
+        return number
+
     def note_exported(self, count: int) -> None:
         """Records numbered below ``count`` have left the export queue."""
         _COUNT.pack_into(self.buffer, self.block + 40, count)
@@ -107,9 +112,10 @@ class RingContents:
         return self.decoded(self.gone)
 
     def lost(self) -> int:
-        """Records still queued for export that the ring no longer held (overwritten)."""
-        oldest = self.records[0][0] if self.records else self.appended
-        return max(0, oldest - self.gone)
+        """Records still queued for export that the ring did not hold (overwritten, or
+        too large for it)."""
+        held = sum(1 for number, _, _ in self.records if number >= self.gone)
+        return max(0, self.appended - self.gone - held)
 
 
 def read_ring(buffer: bytes | mmap.mmap, block: int) -> RingContents:

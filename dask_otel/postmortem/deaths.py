@@ -2,7 +2,7 @@
 
 A Nanny (:mod:`dask_otel.plugins.nanny`) notes a :class:`Death` the moment its worker
 process ends; :class:`DeathRecord` turns it, with what the worker's flight recorder held
-(:mod:`dask_otel.signals.flight`), into a ``dask.worker.died`` log record and, per task
+(:mod:`dask_otel.postmortem.flight_recorder`), into a ``dask.worker.died`` log record and, per task
 attempt lost, a ``died <prefix>`` span beside that attempt's span, linked to it. Whether
 the kernel's OOM killer struck is read from the worker's memory cgroup.
 """
@@ -21,7 +21,7 @@ from opentelemetry._logs import LogRecord, SeverityNumber
 from opentelemetry.trace import Status, StatusCode
 
 from dask_otel import strings
-from dask_otel.signals import flight
+from dask_otel.postmortem import flight_recorder
 from dask_otel.spans import ids
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ class DeathRecord:
     def __init__(
         self,
         death: Death,
-        wreck: flight.Wreck | None,
+        wreck: flight_recorder.Wreck | None,
         identity: dict[str, Any],
         settings: Settings,
     ) -> None:
@@ -148,7 +148,7 @@ class DeathRecord:
         self,
         otel_logger: Any,
         tracer: trace.Tracer,
-        attempt: flight.Attempt,
+        attempt: flight_recorder.Attempt,
         attributes: dict[str, Any],
     ) -> None:
         """The attempt's ``died <prefix>`` span and ``dask.task.lost`` record."""
@@ -235,7 +235,7 @@ class DeathRecord:
             "dask.worker.memory.history_times": [t for t, _ in readings],
         }
 
-    def _recorded(self, wreck: flight.Wreck) -> dict[str, Any]:
+    def _recorded(self, wreck: flight_recorder.Wreck) -> dict[str, Any]:
         lines = [
             _line(values, self.limit * LINE_LENGTH_FACTOR)
             for values in wreck.last_logs(self.log_lines)
@@ -248,7 +248,7 @@ class DeathRecord:
             attributes["dask.worker.last_logs"] = lines
         lost = wreck.spans.lost() + wreck.logs.lost()
         if lost:
-            attributes["dask_otel.lost"] = lost  # overwritten in the recorder before export
+            attributes["dask_otel.lost"] = lost  # overwritten, or too large for the recorder
         return attributes
 
     def _why(self) -> str:
@@ -272,7 +272,7 @@ class DeathRecord:
             return f"killed by {name}" if name else "killed by an unknown signal"
         return f"exited with status {death.exitcode}"
 
-    def sentence(self, attempts: list[flight.Attempt]) -> str:
+    def sentence(self, attempts: list[flight_recorder.Attempt]) -> str:
         death = self.death
         text = f"Worker {death.worker} (pid {death.pid}) died: {self._why()}"
         if len(death.memory) > 1:
@@ -291,7 +291,7 @@ class DeathRecord:
 _NO_SPAN = trace.set_span_in_context(trace.INVALID_SPAN)
 
 
-def _placed(attempt: flight.Attempt) -> tuple[trace.SpanContext, list[trace.Link]] | None:
+def _placed(attempt: flight_recorder.Attempt) -> tuple[trace.SpanContext, list[trace.Link]] | None:
     """(parent, links) of a lost attempt's ``died`` span, from the annotation the attempt
     started with: beside the scheduler's ``attempt`` span (which it emits for a thinned
     task too, at the time of the loss: too late to hold the attempt), under the same
@@ -302,8 +302,10 @@ def _placed(attempt: flight.Attempt) -> tuple[trace.SpanContext, list[trace.Link
         return None
     if carrier.from_client:
         return (carrier.context, []) if carrier.context.trace_flags.sampled else None
-    trace_id, span_id = ids.attempt_span_id(attempt.annotation, attempt.key)  # type: ignore[misc]
-    lost = trace.SpanContext(trace_id, span_id, True, trace.TraceFlags(trace.TraceFlags.SAMPLED))
+    span_id = attempt.span_id if attempt.span_id is not None else carrier.span_id(attempt.key)
+    lost = trace.SpanContext(
+        carrier.context.trace_id, span_id, True, trace.TraceFlags(trace.TraceFlags.SAMPLED)
+    )
     return ids.with_sampled(carrier.context, True), [trace.Link(lost, {"dask.link": "attempt"})]
 
 

@@ -4,7 +4,7 @@ A Nanny makes and marks its directory; its workers put their recorders there (on
 per worker process, named by pid); after a death the Nanny claims the dead worker's file.
 A Nanny killed outright leaves its directory behind: the next Nanny on the machine finds
 it by its mark (an owner that is gone) and cleans up after it, if it may
-(:mod:`dask_otel.signals.flight_labels`).
+(:mod:`dask_otel.postmortem.labels`).
 
 Everything here is in a shared temporary directory, where another user may have made
 the names first: a directory is used only if it is this user's, not a link, and open to
@@ -61,7 +61,7 @@ UNMARKED_GRACE = 60.0
 
 
 #: Files in a Nanny's directory besides recorders: its mark, and whose cluster it is
-#: (:mod:`dask_otel.signals.flight_labels`).
+#: (:mod:`dask_otel.postmortem.labels`).
 LABEL = "cluster"
 #: Longest mark or label read.
 SMALL_FILE = 4096

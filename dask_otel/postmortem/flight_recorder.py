@@ -16,8 +16,8 @@ records that were queued but never exported (under the worker's own resource) an
 what the worker was running. A worker that closes normally deletes its file.
 
 Here: the file's layout, the worker's end (:class:`FlightRecorder`) and the Nanny's
-(:func:`read`). The rings that hold the records are :mod:`dask_otel.signals.flight_ring`;
-where the files live, :mod:`dask_otel.signals.flight_folders`.
+(:func:`read`). The rings that hold the records are :mod:`dask_otel.postmortem.rings`;
+where the files live, :mod:`dask_otel.postmortem.folders`.
 """
 
 from __future__ import annotations
@@ -33,10 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dask_otel import strings
+from dask_otel.postmortem import folders
+from dask_otel.postmortem.folders import SUFFIX, directory
+from dask_otel.postmortem.rings import Ring, RingContents, read_ring
 from dask_otel.runtime import report_once
-from dask_otel.signals import flight_folders
-from dask_otel.signals.flight_folders import SUFFIX, directory
-from dask_otel.signals.flight_ring import Ring, RingContents, read_ring
+from dask_otel.spans import ids
 from dask_otel.values import base_value
 
 logger = logging.getLogger(__name__)
@@ -52,9 +54,12 @@ HEADER_SIZE = 4096
 #: The identity and resources: their length, then their marshalled dict.
 META_SIZE = 61440
 _META_LENGTH = struct.Struct("<I")
-#: An attempt's slot: state, length, then (key, prefix, annotation, run id, start).
+#: An attempt's slot: state, length, then (key, prefix, annotation, run id, start) and,
+#: where the key had to be cut to fit, the attempt's span id.
 SLOT_SIZE = 512
 _SLOT = struct.Struct("<II")
+#: Bytes of an attempt's values that its slot holds.
+_SLOT_ROOM = SLOT_SIZE - _SLOT.size
 _SLOT_STATE = struct.Struct("<I")  # the slot's first field
 #: Slot states: free; executing; finished, its span not built yet (in the emitter's queue).
 FREE, EXECUTING, FINISHED = 0, 1, 2
@@ -135,16 +140,19 @@ class FlightRecorder:
     # worker's emitter thread): a worker that dies in between leaves the attempt either
     # executing (lost with the worker) or finished with its span never built.
 
-    def started(self, key: str, prefix: str, annotation: Any, run_id: int, start_ns: int) -> int:
-        """Note an attempt that starts executing; returns its slot (-1: not recorded)."""
+    def started(
+        self, key: str, prefix: str, annotation: str | None, run_id: int, start_ns: int
+    ) -> int:
+        """Note an attempt that starts executing (``annotation``: its carrier, or None);
+        returns its slot (-1: not recorded)."""
         try:
             slot = self._free.pop()
         except IndexError:
             self.unrecorded += 1
             return -1
         data = marshal.dumps((key, prefix, annotation, run_id, start_ns))
-        if len(data) > SLOT_SIZE - _SLOT.size:
-            data = marshal.dumps((key[:128], prefix[:64], annotation, run_id, start_ns))
+        if len(data) > _SLOT_ROOM:
+            data = _cut_to_fit(key, prefix, annotation, run_id, start_ns)
         start = self._slot_offset(slot)
         self.buffer[start + _SLOT.size : start + _SLOT.size + len(data)] = data
         _SLOT.pack_into(self.buffer, start, EXECUTING, len(data))
@@ -177,8 +185,9 @@ class FlightRecorder:
         return self._copy(self.logs, resource, scope, values)
 
     def _copy(self, ring: Ring, resource: Any, scope: Any, values: tuple) -> int | None:
-        """Append a record (None if it cannot be copied); never raises into the code that
-        ended a span or logged."""
+        """Append a record; its number (numbered but not kept if marshal cannot write
+        it; None if the recorder failed). Never raises into the code that ended a span or
+        logged."""
         try:
             numbers = self._pairs.get((id(resource), id(scope)))
             if numbers is None:
@@ -190,7 +199,7 @@ class FlightRecorder:
                 payload = marshal.dumps(_base_values(values))
             return ring.append(payload, *numbers)
         except ValueError:  # a value marshal cannot write (not an OTel attribute type)
-            return None
+            return ring.skip()
         except Exception:
             report_once(logger, "flight", "dask-otel: the flight recorder failed (said once)")
             return None
@@ -200,6 +209,22 @@ class FlightRecorder:
         until nothing refers to it: a thread still ending a span writes into it unharmed."""
         with contextlib.suppress(OSError):
             self.path.unlink()
+
+
+def _cut_to_fit(key: str, prefix: str, annotation: str | None, run_id: int, start_ns: int) -> bytes:
+    """An attempt's values that overflow its slot, made to fit: its carrier without the
+    dependencies' links (its ``died`` span needs none), the span id the Nanny could not
+    compute from a cut key, and the key and prefix cut at a character boundary."""
+    carrier = ids.parse(annotation)
+    span_id = None
+    if carrier is not None:
+        annotation = carrier._replace(links=None).encode()
+        span_id = carrier.span_id(key)
+    # Room for the two strings: a cut one's marshal header is at most 3 bytes longer.
+    room = _SLOT_ROOM - len(marshal.dumps(("", "", annotation, run_id, start_ns, span_id))) - 6
+    prefix = strings.cut_to_bytes(prefix, room // 4)
+    key = strings.cut_to_bytes(key, room - len(prefix.encode("utf-8", "surrogatepass")))
+    return marshal.dumps((key, prefix, annotation, run_id, start_ns, span_id))
 
 
 def _base_values(values: Any) -> Any:
@@ -248,6 +273,8 @@ class Attempt:
     annotation: Any
     run_id: int
     start_ns: int
+    #: The attempt's span id, recorded where its key had to be cut (None: from the key).
+    span_id: int | None = None
     finished: bool = False
 
 
@@ -274,12 +301,12 @@ class Wreck:
 
 def read(path: Path) -> Wreck | None:
     """The contents of the flight recorder at ``path``, or None if it is none (gone, or
-    not what a recorder holds); raises ``flight_folders.Foreign`` for what is not a
+    not what a recorder holds); raises ``folders.Foreign`` for what is not a
     regular file of this user's that it may read."""
     try:
-        with os.fdopen(flight_folders.open_own(path), "rb") as file:
+        with os.fdopen(folders.open_own(path), "rb") as file:
             data = file.read(MAX_READ + 1)
-    except flight_folders.Foreign:
+    except folders.Foreign:
         raise
     except OSError:
         return None
@@ -304,7 +331,11 @@ def _parse(data: bytes) -> Wreck | None:
         if state in (EXECUTING, FINISHED):
             values = marshal.loads(data[start + _SLOT.size : start + _SLOT.size + length])
             attempt = Attempt(*values, finished=state == FINISHED)
-            if not (isinstance(attempt.key, str) and isinstance(attempt.prefix, str)):
+            if not (
+                isinstance(attempt.key, str)
+                and isinstance(attempt.prefix, str)
+                and isinstance(attempt.span_id, int | None)
+            ):
                 return None
             attempts.append(attempt)
     spans, logs = (read_ring(data, block) for block in _RING_BLOCKS)
@@ -325,7 +356,7 @@ def open_for(worker: Any, size: int) -> FlightRecorder | None:
     if not size or not isinstance(nanny, str):
         return None
     folder = directory(nanny)
-    if not flight_folders.private(folder):
+    if not folders.private(folder):
         return None
     slots = max(SLOTS, 2 * worker.state.nthreads)
     try:
