@@ -21,7 +21,12 @@ from distributed import Client, LocalCluster
 from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.metrics.export import (
+    InMemoryMetricReader,
+    MetricExporter,
+    MetricExportResult,
+    PeriodicExportingMetricReader,
+)
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -31,6 +36,34 @@ import dask_otel
 from dask_otel import runtime, strings
 
 HERE = Path(__file__).parent
+
+
+class RecordingMetricExporter(MetricExporter):
+    """Keeps the points of every export, by instrument name: what a collector got, also
+    from servers that have closed since (the SDK lets their series go after)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.exports: list[dict[str, list]] = []
+
+    def export(self, metrics_data, timeout_millis: float = 10_000, **kwargs):  # type: ignore[no-untyped-def]
+        found: dict[str, list] = {}
+        for resource_metrics in metrics_data.resource_metrics:
+            for scope_metrics in resource_metrics.scope_metrics:
+                for metric in scope_metrics.metrics:
+                    found[metric.name] = list(metric.data.data_points)
+        self.exports.append(found)
+        return MetricExportResult.SUCCESS
+
+    def points(self, name: str) -> list:
+        """Every exported point of instrument ``name``."""
+        return [point for export in self.exports for point in export.get(name, [])]
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        pass
 
 
 class Telemetry:
@@ -44,7 +77,16 @@ class Telemetry:
         self.logger_provider = LoggerProvider()
         self.logger_provider.add_log_record_processor(SimpleLogRecordProcessor(self.log_exporter))
         self.metric_reader = InMemoryMetricReader()
-        self.meter_provider = MeterProvider(metric_readers=[self.metric_reader])
+        #: Exports only when flushed (a close, a test): every export kept.
+        self.metric_exporter = RecordingMetricExporter()
+        self.meter_provider = MeterProvider(
+            metric_readers=[
+                self.metric_reader,
+                PeriodicExportingMetricReader(
+                    self.metric_exporter, export_interval_millis=3_600_000
+                ),
+            ]
+        )
 
     def spans(self, prefix: str = "") -> list:
         return [s for s in self.span_exporter.get_finished_spans() if s.name.startswith(prefix)]

@@ -20,8 +20,19 @@ def wait_for_neighbours(receiver):
         incs = {s["attributes"]["dask.task.key"] for s in spans if s["name"] == "task inc"}
         nul = [s for s in spans if s["name"] == "task nul\x00"]
         opened = [s for s in spans if s["name"].startswith("open ")]
+        # A task's span ends after the spans its function opened: waited for on its own.
+        marked = [s for s in spans if s["name"] == "task mark"]
+        failed = [s for s in spans if s["name"] == "attempt parse"]
+        big = [s for s in spans if s["name"].startswith("task mmm")]
         logged = [x for x in r.log_records() if str(x["body"]).startswith("neighbour")]
-        return len(incs) == NEIGHBOURS and nul and len(opened) == 5 and len(logged) == NEIGHBOURS
+        return (
+            len(incs) == NEIGHBOURS
+            and nul
+            and len(opened) == len(marked) == 5
+            and failed
+            and big
+            and len(logged) == NEIGHBOURS
+        )
 
     receiver.wait_for(arrived, timeout=90)
 

@@ -24,7 +24,8 @@ NOT_EXERCISED = {
 
 def points_by_name(reader) -> dict[str, tuple[str, list]]:
     found: dict[str, tuple[str, list]] = {}
-    for resource_metrics in reader.get_metrics_data().resource_metrics:
+    data = reader.get_metrics_data()  # None: nothing collected since the last read
+    for resource_metrics in data.resource_metrics if data is not None else []:
         for scope_metrics in resource_metrics.scope_metrics:
             for metric in scope_metrics.metrics:
                 found[metric.name] = (metric.unit, list(metric.data.data_points))
@@ -94,10 +95,24 @@ def test_scheduler_task_states_are_reported_at_zero(telemetry):
 def test_closed_servers_stop_reporting(telemetry):
     with in_process_cluster(n_workers=1) as client:
         assert client.submit(sum, [1, 2]).result() == 3
-    # Readers keep working after the cluster is gone; no point comes from the dead servers.
+    # Readers keep working after the cluster is gone; no point comes from the dead servers
+    # (the reader's first answer is what the close's own flush collected).
+    telemetry.metric_reader.get_metrics_data()
     found = points_by_name(telemetry.metric_reader)
-    live = [n for n, (_, points) in found.items() if n != "dask.task.duration" and points]
-    assert live == []
+    assert [n for n, (_, points) in found.items() if points] == []
+
+
+def test_a_closed_clusters_last_points_are_exported_then_its_series_let_go(telemetry):
+    with in_process_cluster(n_workers=1) as client:
+        assert client.submit(sum, [1, 2]).result() == 3
+    exporter = telemetry.metric_exporter
+    # The close's flush exported the task's duration...
+    assert [point.count for point in exporter.points("dask.task.duration")][-1:] == [1]
+    # ...and the SDK keeps none of the closed servers' series: a cumulative histogram
+    # would be exported at every collection for as long as the process lives.
+    closed = len(exporter.exports)
+    telemetry.meter_provider.force_flush()
+    assert [name for e in exporter.exports[closed:] for name, points in e.items() if points] == []
 
 
 def test_a_blocked_event_loop_shows_in_the_tick_maximum(telemetry):

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from dask_otel import identity, runtime
+from dask_otel.export import metric_series
 from dask_otel.plugins import carried, rpc
 from dask_otel.plugins.activation import activate
 from dask_otel.plugins.anomalies import Anomalies
@@ -117,6 +118,7 @@ class _Tracing:
         await off_loop(drain, self.emitter, self.providers, self.settings.flush_timeout)
         # After the final flush, whose collection still reads this scheduler.
         metrics.forget(self.meter_provider, self.scheduler)
+        metric_series.let_go(self.meter_provider, {"dask.cluster.id": self.cluster_id})
         identity.hosted.remove_cluster(self.cluster_id)
 
 

@@ -25,6 +25,7 @@ from distributed import core
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from dask_otel import identity, runtime, strings
+from dask_otel.export import metric_series
 from dask_otel.plugins import carried, client, rpc
 from dask_otel.plugins.activation import activate
 from dask_otel.plugins.execution import ExecuteTracer
@@ -164,6 +165,7 @@ class DaskOtelWorkerPlugin(WorkerPlugin):
         # The last collection still reads this worker: flush first, then let it go.
         await off_loop(drain, closing, self._providers, budget)
         metrics.forget(self._meter_provider, worker)
+        metric_series.let_go(self._meter_provider, {"dask.worker.address": worker.address})
         identity.hosted.remove_worker(worker.address)
         if "dask.cluster.id" in attributes:  # the scheduler answered: named above
             identity.hosted.remove_cluster(attributes["dask.cluster.id"])
