@@ -360,11 +360,10 @@ class MetricDemand(ProcessState):
     def wanted(self) -> bool:
         return self._always or bool(self._held)
 
-    def released(self) -> bool:
-        """Whether it was held, and every holder has closed or stopped since (those that
-        stopped without closing are released now)."""
-        if not self.holds:
-            return False
+    def unheld(self) -> bool:
+        """Whether nothing holds it: no server or traced client ever ran in this process
+        (one that only logs through Dask's loggers, say), or every holder has closed or
+        stopped since (those that stopped without closing are released now)."""
         self.forget_stopped()
         return not self._held
 

@@ -149,6 +149,14 @@ with LocalCluster(n_workers=1, threads_per_worker=1, host="127.0.0.1",
     assert client.submit(sum, [1, 2]).result() == 3
 """
 
+#: distributed's test_batched.py and test_core.py: Dask's log lines, and no server at all.
+NO_SERVER = """
+import logging
+
+logging.getLogger("distributed.core").error("a log line of Dask's, no server here")
+time.sleep(1.0)  # its batch left, and failed or waits for an answer
+"""
+
 
 @pytest.mark.parametrize(
     ("kind", "protocol"),
@@ -162,8 +170,9 @@ with LocalCluster(n_workers=1, threads_per_worker=1, host="127.0.0.1",
         (NANNY, 1.0),
         (LOCAL, 1.0),
         (STOPPED, 2.0),  # the span emitter's thread ends after a second without work
+        (NO_SERVER, 1.0),
     ],
-    ids=["worker", "nanny", "local", "stopped"],
+    ids=["worker", "nanny", "local", "stopped", "no-server"],
 )
 def test_a_closed_cluster_leaves_no_thread_whatever_the_collector_does(
     kind: str, protocol: str, program: str, bound: float

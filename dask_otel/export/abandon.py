@@ -6,7 +6,8 @@ that costs nothing but a background thread's time. Once every Dask server and tr
 client of the process has closed, it keeps a thread of dask-otel's running for seconds
 after the cluster is gone (distributed's tests fail a test that leaves one), and keeps
 waiting whatever waits for that export. So an export is given up, its batch counted as
-lost, as soon as nothing of Dask's runs in the process any more and the collector is down
+lost, as soon as nothing of Dask's runs in the process (any more, or at all: a process
+that only logs through Dask's loggers) and the collector is down
 or hung as far as the exports tell (``runtime.health``): the exporter's sleep between
 attempts looks every :data:`LOOK` seconds, and while an OTLP/gRPC call waits for its
 answer a thread of its own looks as often, to cancel it.
@@ -29,9 +30,10 @@ LOOK = 0.05
 
 
 def abandoned() -> bool:
-    """Whether exports under way are given up: the collector does not answer, and the
-    Dask servers and traced clients of this process have all closed."""
-    return runtime.health.failing() and runtime.metric_demand.released()
+    """Whether exports under way are given up: the collector does not answer, and no
+    Dask server or traced client of this process runs (they have all closed, or none
+    ever ran)."""
+    return runtime.health.failing() and runtime.metric_demand.unheld()
 
 
 class _Backoff(threading.Event):
