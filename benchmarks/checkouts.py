@@ -19,11 +19,12 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import statistics
 import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
+
+from overhead import median_range
 
 HERE = Path(__file__).resolve().parent.parent
 
@@ -85,10 +86,7 @@ def main() -> None:
     print(f"\n{' '.join(script)}, {args.runs} alternating runs of each checkout")
     for mode, by_checkout in collected.items():
         for which, ratios in by_checkout.items():
-            print(
-                f"{mode:<14} {which:<8} wall ratio median {statistics.median(ratios):.3f} "
-                f"({min(ratios):.3f}-{max(ratios):.3f}), {len(ratios)} runs"
-            )
+            print(f"{mode:<14} {which:<8} wall ratio {median_range(ratios)}, {len(ratios)} runs")
 
 
 if __name__ == "__main__":

@@ -59,37 +59,16 @@ def one_run(instrumented: bool, clusters: int) -> dict[str, float]:
 
 def _instrument() -> None:
     from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import (
-        MetricExporter,
-        MetricExportResult,
-        PeriodicExportingMetricReader,
-    )
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import (
-        BatchSpanProcessor,
-        SpanExporter,
-        SpanExportResult,
-    )
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from overhead import DiscardingExporter, DiscardingMetricExporter
 
     import dask_otel
 
-    class Spans(SpanExporter):
-        def export(self, spans):  # type: ignore[no-untyped-def]
-            return SpanExportResult.SUCCESS
-
-    class Metrics(MetricExporter):
-        def export(self, metrics_data, timeout_millis=10_000, **kwargs):  # type: ignore[no-untyped-def]
-            return MetricExportResult.SUCCESS
-
-        def force_flush(self, timeout_millis: float = 10_000) -> bool:
-            return True
-
-        def shutdown(self, timeout_millis=30_000, **kwargs):  # type: ignore[no-untyped-def]
-            pass
-
     tracer_provider = TracerProvider()
-    tracer_provider.add_span_processor(BatchSpanProcessor(Spans()))
-    reader = PeriodicExportingMetricReader(Metrics(), export_interval_millis=1000)
+    tracer_provider.add_span_processor(BatchSpanProcessor(DiscardingExporter()))
+    reader = PeriodicExportingMetricReader(DiscardingMetricExporter(), export_interval_millis=1000)
     dask_otel.DaskInstrumentor().instrument(
         tracer_provider=tracer_provider, meter_provider=MeterProvider(metric_readers=[reader])
     )
