@@ -38,6 +38,18 @@ from dask_otel import runtime, strings
 HERE = Path(__file__).parent
 
 
+def metrics_by_name(metrics_data) -> dict:  # type: ignore[no-untyped-def]
+    """The SDK's metrics of one collection (``MetricsData``, or None: nothing), by name."""
+    if metrics_data is None:
+        return {}
+    return {
+        metric.name: metric
+        for resource_metrics in metrics_data.resource_metrics
+        for scope_metrics in resource_metrics.scope_metrics
+        for metric in scope_metrics.metrics
+    }
+
+
 class RecordingMetricExporter(MetricExporter):
     """Keeps the points of every export, by instrument name: what a collector got, also
     from servers that have closed since (the SDK lets their series go after)."""
@@ -47,12 +59,8 @@ class RecordingMetricExporter(MetricExporter):
         self.exports: list[dict[str, list]] = []
 
     def export(self, metrics_data, timeout_millis: float = 10_000, **kwargs):  # type: ignore[no-untyped-def]
-        found: dict[str, list] = {}
-        for resource_metrics in metrics_data.resource_metrics:
-            for scope_metrics in resource_metrics.scope_metrics:
-                for metric in scope_metrics.metrics:
-                    found[metric.name] = list(metric.data.data_points)
-        self.exports.append(found)
+        found = metrics_by_name(metrics_data)
+        self.exports.append({name: list(m.data.data_points) for name, m in found.items()})
         return MetricExportResult.SUCCESS
 
     def points(self, name: str) -> list:

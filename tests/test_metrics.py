@@ -6,7 +6,7 @@ import time
 
 import dask
 import dask.array as da
-from conftest import flush_emitters, in_process_cluster
+from conftest import flush_emitters, in_process_cluster, metrics_by_name
 from distributed import Semaphore
 
 from dask_otel.signals.instruments import INSTRUMENTS
@@ -23,13 +23,9 @@ NOT_EXERCISED = {
 
 
 def points_by_name(reader) -> dict[str, tuple[str, list]]:
-    found: dict[str, tuple[str, list]] = {}
-    data = reader.get_metrics_data()  # None: nothing collected since the last read
-    for resource_metrics in data.resource_metrics if data is not None else []:
-        for scope_metrics in resource_metrics.scope_metrics:
-            for metric in scope_metrics.metrics:
-                found[metric.name] = (metric.unit, list(metric.data.data_points))
-    return found
+    # None from the reader: nothing collected since its last read.
+    found = metrics_by_name(reader.get_metrics_data())
+    return {name: (m.unit, list(m.data.data_points)) for name, m in found.items()}
 
 
 def test_every_instrument_reports_with_identity(telemetry):
